@@ -1,0 +1,261 @@
+//! The injector's configuration: what opts a pod in, which templates exist, what is skipped.
+//!
+//! Parsing and checking happen here, once, when the configuration loads. Reading files is the
+//! caller's job ([`crate::load`]); this module only turns text into a checked [`Injector`].
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::template::{TemplateError, TemplateSet};
+
+/// The default configuration, compiled into the binary.
+pub const DEFAULT_CONFIG: &str = include_str!("../templates/config.yaml");
+
+/// The bundled templates, compiled into the binary (name, source).
+pub const BUNDLED_TEMPLATES: &[(&str, &str)] = &[
+    (
+        "log-shipper",
+        include_str!("../templates/log-shipper.yaml.j2"),
+    ),
+    ("proxy", include_str!("../templates/proxy.yaml.j2")),
+];
+
+/// The file name suffix of a template in a templates directory.
+pub const TEMPLATE_SUFFIX: &str = ".yaml.j2";
+
+/// The configuration file as written by a person.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default = "defaults::inject_label")]
+    pub inject_label: String,
+    #[serde(default = "defaults::templates_annotation")]
+    pub templates_annotation: String,
+    #[serde(default = "defaults::status_annotation")]
+    pub status_annotation: String,
+    #[serde(default)]
+    pub default_templates: Vec<String>,
+    #[serde(default = "defaults::excluded_namespaces")]
+    pub excluded_namespaces: Vec<String>,
+    #[serde(default)]
+    pub skip: SkipRules,
+    #[serde(default)]
+    pub validation: Validation,
+    /// Directory of `NAME.yaml.j2` templates, relative to the configuration file. Absent: the
+    /// bundled templates.
+    #[serde(default)]
+    pub templates_dir: Option<String>,
+    #[serde(default)]
+    pub values: BTreeMap<String, serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SkipRules {
+    /// Skip pods with `hostNetwork: true`: a sidecar sharing the node's network namespace
+    /// would collide with the node's ports and every other such pod.
+    #[serde(default = "defaults::yes")]
+    pub host_network: bool,
+    /// Skip Windows pods unless a template sets `supportsWindows: true`.
+    #[serde(default = "defaults::yes")]
+    pub windows: bool,
+}
+
+impl Default for SkipRules {
+    fn default() -> Self {
+        Self {
+            host_network: true,
+            windows: true,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Validation {
+    #[serde(default)]
+    pub mode: ValidationMode,
+}
+
+/// What the validating webhook does with its findings.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ValidationMode {
+    /// Deny the request.
+    #[default]
+    Enforce,
+    /// Admit the request and return the findings as warnings.
+    Warn,
+}
+
+mod defaults {
+    pub fn inject_label() -> String {
+        "sidecar-injector.io/inject".into()
+    }
+    pub fn templates_annotation() -> String {
+        "sidecar-injector.io/templates".into()
+    }
+    pub fn status_annotation() -> String {
+        "sidecar-injector.io/status".into()
+    }
+    pub fn excluded_namespaces() -> Vec<String> {
+        ["kube-system", "kube-public", "kube-node-lease"]
+            .map(String::from)
+            .to_vec()
+    }
+    pub fn yes() -> bool {
+        true
+    }
+}
+
+/// Why a configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid configuration: {message}")]
+    Parse { path: String, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+}
+
+/// A loaded, checked configuration with its compiled templates: everything the core needs.
+#[derive(Debug)]
+pub struct Injector {
+    pub config: ConfigFile,
+    pub templates: TemplateSet,
+    /// The injector's own namespace: never injected, whatever the configuration says.
+    pub own_namespace: Option<String>,
+}
+
+impl Injector {
+    /// Builds an injector from configuration text and template sources. `origin` names the
+    /// configuration in error messages. Every template is compiled and test-rendered here, so a
+    /// broken template fails now, with its file and line, and never at request time.
+    pub fn from_sources(
+        origin: &str,
+        config_yaml: &str,
+        templates: Vec<(String, String)>,
+        own_namespace: Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let config = parse_config(origin, config_yaml)?;
+        let templates = TemplateSet::compile(templates, &config.values)?;
+        for name in &config.default_templates {
+            if !templates.contains(name) {
+                return Err(ConfigError::Invalid {
+                    path: origin.to_owned(),
+                    message: format!(
+                        "defaultTemplates names {name:?}, but no such template exists (known: {})",
+                        templates.names().collect::<Vec<_>>().join(", ")
+                    ),
+                });
+            }
+        }
+        if config.inject_label.is_empty() || config.status_annotation.is_empty() {
+            return Err(ConfigError::Invalid {
+                path: origin.to_owned(),
+                message: "injectLabel and statusAnnotation must not be empty".into(),
+            });
+        }
+        Ok(Self {
+            config,
+            templates,
+            own_namespace: own_namespace.filter(|ns| !ns.is_empty()),
+        })
+    }
+
+    /// The embedded default: bundled configuration and templates.
+    pub fn embedded(own_namespace: Option<String>) -> Result<Self, ConfigError> {
+        let templates = BUNDLED_TEMPLATES
+            .iter()
+            .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+            .collect();
+        Self::from_sources(
+            "<embedded config.yaml>",
+            DEFAULT_CONFIG,
+            templates,
+            own_namespace,
+        )
+    }
+
+    /// Whether `namespace` is never injected.
+    pub fn is_excluded_namespace(&self, namespace: &str) -> bool {
+        self.own_namespace.as_deref() == Some(namespace)
+            || self
+                .config
+                .excluded_namespaces
+                .iter()
+                .any(|ns| ns == namespace)
+    }
+}
+
+/// Parses the configuration file text.
+pub fn parse_config(origin: &str, yaml: &str) -> Result<ConfigFile, ConfigError> {
+    // An empty file means "all defaults".
+    let yaml = if yaml.trim().is_empty() { "{}" } else { yaml };
+    serde_saphyr::from_str(yaml).map_err(|e| ConfigError::Parse {
+        path: origin.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_loads() {
+        let inj = Injector::embedded(Some("sidecar-injector".into())).expect("embedded loads");
+        assert_eq!(inj.config.inject_label, "sidecar-injector.io/inject");
+        assert!(inj.is_excluded_namespace("kube-system"));
+        assert!(inj.is_excluded_namespace("sidecar-injector"));
+        assert!(!inj.is_excluded_namespace("default"));
+        assert_eq!(inj.config.validation.mode, ValidationMode::Enforce);
+    }
+
+    #[test]
+    fn every_bundled_file_is_compiled_in() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/templates");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .expect("templates dir")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| n.strip_suffix(TEMPLATE_SUFFIX).map(str::to_owned))
+            .collect();
+        on_disk.sort();
+        let mut bundled: Vec<_> = BUNDLED_TEMPLATES
+            .iter()
+            .map(|(n, _)| n.to_string())
+            .collect();
+        bundled.sort();
+        assert_eq!(on_disk, bundled);
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected_with_the_origin() {
+        let err = parse_config("my.yaml", "injectLable: x\n").expect_err("typo must fail");
+        let msg = err.to_string();
+        assert!(msg.starts_with("my.yaml: invalid configuration"), "{msg}");
+        assert!(msg.contains("injectLable"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_default_template_is_an_error() {
+        let err = Injector::from_sources("c.yaml", "defaultTemplates: [nope]\n", vec![], None)
+            .expect_err("must fail");
+        assert!(err.to_string().contains("\"nope\""), "{err}");
+    }
+
+    #[test]
+    fn bad_validation_mode_is_an_error() {
+        assert!(parse_config("c", "validation: {mode: maybe}\n").is_err());
+        let c = parse_config("c", "validation: {mode: warn}\n").expect("warn parses");
+        assert_eq!(c.validation.mode, ValidationMode::Warn);
+    }
+}

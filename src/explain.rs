@@ -1,0 +1,97 @@
+//! `explain`: for each pod or pod template, whether it is injected, why, and what is added.
+
+use std::fmt::Write as _;
+
+use crate::config::Injector;
+use crate::inject::Edit;
+use crate::manifest::{Doc, DocOutcome, ManifestError, process};
+
+/// A human-readable report of what the injector does to each document.
+pub fn explain(inj: &Injector, text: &str) -> Result<String, ManifestError> {
+    let docs = process(inj, text)?;
+    let mut out = String::new();
+    for doc in docs
+        .iter()
+        .filter(|d| !matches!(d.outcome, DocOutcome::Passthrough))
+    {
+        describe(inj, doc, &mut out);
+    }
+    let passed = docs
+        .iter()
+        .filter(|d| matches!(d.outcome, DocOutcome::Passthrough))
+        .count();
+    if passed > 0 {
+        let _ = writeln!(
+            out,
+            "{passed} other document(s) are not pods or pod templates and pass through unchanged"
+        );
+    }
+    Ok(out)
+}
+
+fn describe(inj: &Injector, doc: &Doc, out: &mut String) {
+    let label = &inj.config.inject_label;
+    let _ = match &doc.outcome {
+        DocOutcome::Passthrough => Ok(()),
+        DocOutcome::NotOptedIn => {
+            writeln!(
+                out,
+                "{}: not injected: it does not carry the label {label}=\"true\"",
+                doc.id
+            )
+        }
+        DocOutcome::Skipped(reason) => {
+            writeln!(out, "{}: not injected: opted in, but {reason}", doc.id)
+        }
+        DocOutcome::AlreadyInjected { templates } => writeln!(
+            out,
+            "{}: already injected with [{}]: nothing to add",
+            doc.id,
+            templates.join(", ")
+        ),
+        DocOutcome::Failed(error) => writeln!(out, "{}: cannot be injected: {error}", doc.id),
+        DocOutcome::Injected { templates, edits } => {
+            let _ = writeln!(
+                out,
+                "{}: injected with [{}]; it would get:",
+                doc.id,
+                templates.join(", ")
+            );
+            for edit in edits {
+                let _ = writeln!(out, "  + {}", edit_line(edit));
+            }
+            Ok(())
+        }
+    };
+}
+
+fn edit_line(edit: &Edit) -> String {
+    let image = |c: &k8s_openapi::api::core::v1::Container| c.image.clone().unwrap_or_default();
+    match edit {
+        Edit::PrependInitContainers(cs) => cs
+            .iter()
+            .map(|c| {
+                let native = c.restart_policy.as_deref() == Some("Always");
+                format!(
+                    "init container {} ({}){}, before the pod's own init containers",
+                    c.name,
+                    image(c),
+                    if native { " as a native sidecar" } else { "" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n  + "),
+        Edit::AppendContainer(c) => format!("container {} ({})", c.name, image(c)),
+        Edit::AddVolume(v) => format!("volume {}", v.name),
+        Edit::AddImagePullSecret(s) => format!("image pull secret {}", s.name),
+        Edit::AddVolumeMount { container, mount } => {
+            format!(
+                "mount {} at {} in container #{container}",
+                mount.name, mount.mount_path
+            )
+        }
+        Edit::AddEnv { container, env } => format!("env {} in container #{container}", env.name),
+        Edit::SetLabel { key, value } => format!("label {key}={value}"),
+        Edit::SetAnnotation { key, value } => format!("annotation {key}={value}"),
+    }
+}

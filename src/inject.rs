@@ -1,0 +1,699 @@
+//! The injection decision: whether a pod is injected, with what, and the edits that get it there.
+//!
+//! Everything is decided once, as a list of [`Edit`]s. The edits are then written either as a
+//! JSONPatch ([`to_patch`]) for the API server or applied to a typed pod ([`apply`]); a property
+//! test holds the two encodings equal.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use json_patch::{AddOperation, Patch, PatchOperation};
+use jsonptr::PointerBuf;
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, LocalObjectReference, Pod, Volume, VolumeMount,
+};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::Injector;
+use crate::template::{Fragment, PodContext, TemplateError};
+
+/// Why an opted-in pod was not injected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    ExcludedNamespace(String),
+    HostNetwork,
+    Windows,
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ExcludedNamespace(ns) => {
+                write!(f, "namespace {ns:?} is excluded from injection (excludedNamespaces)")
+            }
+            Self::HostNetwork => f.write_str("hostNetwork pods are skipped (skip.hostNetwork)"),
+            Self::Windows => f.write_str(
+                "Windows pods are skipped: no selected template sets supportsWindows (skip.windows)",
+            ),
+        }
+    }
+}
+
+/// One rendered template.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rendered {
+    pub name: String,
+    pub fragment: Fragment,
+}
+
+/// What the injector decided for a pod.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    /// The pod does not carry the opt-in label with the value "true".
+    NotOptedIn,
+    /// The pod opted in but a rule says it is not injected.
+    Skip(SkipReason),
+    /// The pod gets these templates.
+    Inject(Plan),
+}
+
+/// The templates a pod gets, rendered, and the status annotation describing them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub templates: Vec<Rendered>,
+    /// Value of the status annotation.
+    pub status: String,
+    /// Templates left out (with the reason), reported as warnings.
+    pub notes: Vec<String>,
+}
+
+/// The status annotation's value.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Status {
+    pub templates: Vec<String>,
+    pub hash: String,
+}
+
+/// A request the injector cannot honour; the user sees the message.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    #[error(
+        "annotation {annotation} asks for template {name:?}, which does not exist (known templates: {known})"
+    )]
+    UnknownTemplate {
+        annotation: String,
+        name: String,
+        known: String,
+    },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+}
+
+/// The pod fields the decision reads, with the request's namespace filled in.
+pub struct PodFacts<'a> {
+    pub pod: &'a Pod,
+    pub namespace: &'a str,
+}
+
+static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+
+impl<'a> PodFacts<'a> {
+    /// `request_namespace` is used when the object carries none (pods created in a namespace
+    /// through the API often have `metadata.namespace` unset at admission).
+    pub fn new(pod: &'a Pod, request_namespace: Option<&'a str>) -> Self {
+        let namespace = pod
+            .metadata
+            .namespace
+            .as_deref()
+            .filter(|ns| !ns.is_empty())
+            .or(request_namespace)
+            .unwrap_or("default");
+        Self { pod, namespace }
+    }
+
+    fn labels(&self) -> &'a BTreeMap<String, String> {
+        self.pod.metadata.labels.as_ref().unwrap_or(&EMPTY)
+    }
+
+    fn annotations(&self) -> &'a BTreeMap<String, String> {
+        self.pod.metadata.annotations.as_ref().unwrap_or(&EMPTY)
+    }
+
+    fn context(&self) -> PodContext<'a> {
+        let meta = &self.pod.metadata;
+        let generate_name = meta.generate_name.as_deref().unwrap_or("");
+        // The API server names a generateName pod after mutating admission: the mutator sees no
+        // name and the validator sees the generated one. Render both with no name so they agree.
+        let name = if generate_name.is_empty() {
+            meta.name.as_deref().unwrap_or("")
+        } else {
+            ""
+        };
+        let spec = self.pod.spec.as_ref();
+        PodContext {
+            name,
+            generate_name,
+            namespace: self.namespace,
+            labels: self.labels(),
+            annotations: self.annotations(),
+            service_account: spec
+                .and_then(|s| s.service_account_name.as_deref())
+                .filter(|s| !s.is_empty())
+                .unwrap_or("default"),
+        }
+    }
+
+    fn is_windows(&self) -> bool {
+        let Some(spec) = self.pod.spec.as_ref() else {
+            return false;
+        };
+        spec.os.as_ref().is_some_and(|os| os.name == "windows")
+            || spec
+                .node_selector
+                .as_ref()
+                .and_then(|s| s.get("kubernetes.io/os"))
+                .is_some_and(|os| os == "windows")
+    }
+}
+
+/// Decides whether and how a pod is injected. Pure: the same pod and configuration always give
+/// the same decision.
+pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectError> {
+    let cfg = &inj.config;
+    if facts.labels().get(&cfg.inject_label).map(String::as_str) != Some("true") {
+        return Ok(Decision::NotOptedIn);
+    }
+    if inj.is_excluded_namespace(facts.namespace) {
+        return Ok(Decision::Skip(SkipReason::ExcludedNamespace(
+            facts.namespace.to_owned(),
+        )));
+    }
+    let spec = facts.pod.spec.as_ref();
+    if cfg.skip.host_network && spec.and_then(|s| s.host_network).unwrap_or(false) {
+        return Ok(Decision::Skip(SkipReason::HostNetwork));
+    }
+    let names = selected_templates(inj, facts)?;
+    let ctx = facts.context();
+    let windows = cfg.skip.windows && facts.is_windows();
+    let mut templates = Vec::with_capacity(names.len());
+    let mut notes = Vec::new();
+    for name in names {
+        let fragment = inj.templates.render(&name, &ctx)?;
+        if windows && !fragment.supports_windows {
+            notes.push(format!(
+                "template {name:?} was not injected: it does not support Windows pods"
+            ));
+            continue;
+        }
+        templates.push(Rendered { name, fragment });
+    }
+    if templates.is_empty() && windows {
+        return Ok(Decision::Skip(SkipReason::Windows));
+    }
+    let status = status_value(&templates);
+    Ok(Decision::Inject(Plan {
+        templates,
+        status,
+        notes,
+    }))
+}
+
+/// The template names a pod asks for: its annotation, else the configured default.
+fn selected_templates(inj: &Injector, facts: &PodFacts<'_>) -> Result<Vec<String>, InjectError> {
+    let cfg = &inj.config;
+    let Some(list) = facts.annotations().get(&cfg.templates_annotation) else {
+        return Ok(cfg.default_templates.clone());
+    };
+    let mut names: Vec<String> = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !inj.templates.contains(name) {
+            return Err(InjectError::UnknownTemplate {
+                annotation: cfg.templates_annotation.clone(),
+                name: name.to_owned(),
+                known: inj.templates.names().collect::<Vec<_>>().join(", "),
+            });
+        }
+        if !names.iter().any(|n| n == name) {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}
+
+fn status_value(templates: &[Rendered]) -> String {
+    let mut hasher = Sha256::new();
+    for t in templates {
+        hasher.update(t.name.as_bytes());
+        hasher.update([0]);
+        // Serializing derived structs cannot fail; an empty hash input would only weaken drift
+        // detection, never break injection.
+        hasher.update(serde_json::to_vec(&t.fragment).unwrap_or_default());
+        hasher.update([0]);
+    }
+    let digest = hasher.finalize();
+    let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let status = Status {
+        templates: templates.iter().map(|t| t.name.clone()).collect(),
+        hash,
+    };
+    serde_json::to_string(&status).unwrap_or_default()
+}
+
+// === Edits ===
+
+/// One change to a pod. Indices refer to `spec.containers` of the pod as it arrived.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Edit {
+    /// Init containers placed, in this order, before the pod's own.
+    PrependInitContainers(Vec<Container>),
+    AppendContainer(Container),
+    AddVolume(Volume),
+    AddImagePullSecret(LocalObjectReference),
+    AddVolumeMount {
+        container: usize,
+        mount: VolumeMount,
+    },
+    AddEnv {
+        container: usize,
+        env: EnvVar,
+    },
+    SetLabel {
+        key: String,
+        value: String,
+    },
+    SetAnnotation {
+        key: String,
+        value: String,
+    },
+}
+
+/// The edits that take `pod` to its injected state: only what is missing. Applying the
+/// edits and planning again yields no edits (the fixed point).
+pub fn plan_edits(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<Edit> {
+    let empty_spec = Default::default();
+    let spec = pod.spec.as_ref().unwrap_or(&empty_spec);
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    let mut taken: BTreeSet<&str> = spec
+        .containers
+        .iter()
+        .chain(init)
+        .map(|c| c.name.as_str())
+        .collect();
+    let sidecars: BTreeSet<&str> = plan
+        .templates
+        .iter()
+        .flat_map(|t| t.fragment.sidecar_names())
+        .collect();
+    let mut volumes: BTreeSet<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    let mut secrets: BTreeSet<&str> = spec
+        .image_pull_secrets
+        .iter()
+        .flatten()
+        .map(|s| s.name.as_str())
+        .collect();
+
+    let mut edits = Vec::new();
+    let mut new_init = Vec::new();
+    let mut appended = Vec::new();
+    for t in &plan.templates {
+        for c in &t.fragment.init_containers {
+            if taken.insert(&c.name) {
+                new_init.push(c.clone());
+            }
+        }
+        for c in &t.fragment.containers {
+            if taken.insert(&c.name) {
+                appended.push(Edit::AppendContainer(c.clone()));
+            }
+        }
+    }
+    if !new_init.is_empty() {
+        edits.push(Edit::PrependInitContainers(new_init));
+    }
+    edits.extend(appended);
+    for t in &plan.templates {
+        for v in &t.fragment.volumes {
+            if volumes.insert(&v.name) {
+                edits.push(Edit::AddVolume(v.clone()));
+            }
+        }
+        for s in &t.fragment.image_pull_secrets {
+            if secrets.insert(&s.name) {
+                edits.push(Edit::AddImagePullSecret(s.clone()));
+            }
+        }
+    }
+
+    // Mounts and env reach every application container present now, including containers
+    // another webhook added after us, so that reinvocation converges.
+    for (index, container) in spec.containers.iter().enumerate() {
+        if sidecars.contains(container.name.as_str()) {
+            continue;
+        }
+        let mounts = container.volume_mounts.as_deref().unwrap_or_default();
+        let mut mount_names: BTreeSet<&str> = mounts.iter().map(|m| m.name.as_str()).collect();
+        let mut mount_paths: BTreeSet<&str> =
+            mounts.iter().map(|m| m.mount_path.as_str()).collect();
+        let mut env_names: BTreeSet<&str> = container
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.as_str())
+            .collect();
+        for t in &plan.templates {
+            for m in &t.fragment.volume_mounts {
+                if !mount_names.contains(m.name.as_str())
+                    && !mount_paths.contains(m.mount_path.as_str())
+                {
+                    mount_names.insert(&m.name);
+                    mount_paths.insert(&m.mount_path);
+                    edits.push(Edit::AddVolumeMount {
+                        container: index,
+                        mount: m.clone(),
+                    });
+                }
+            }
+            for e in &t.fragment.env {
+                if env_names.insert(&e.name) {
+                    edits.push(Edit::AddEnv {
+                        container: index,
+                        env: e.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&EMPTY);
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&EMPTY);
+    let mut new_labels = BTreeSet::new();
+    let mut new_annotations = BTreeSet::new();
+    for t in &plan.templates {
+        for (key, value) in &t.fragment.labels {
+            if !labels.contains_key(key) && new_labels.insert(key) {
+                edits.push(Edit::SetLabel {
+                    key: key.clone(),
+                    value: value.clone(),
+                });
+            }
+        }
+        for (key, value) in &t.fragment.annotations {
+            if *key != inj.config.status_annotation
+                && !annotations.contains_key(key)
+                && new_annotations.insert(key)
+            {
+                edits.push(Edit::SetAnnotation {
+                    key: key.clone(),
+                    value: value.clone(),
+                });
+            }
+        }
+    }
+    // The status annotation is ours: it always describes the current injection.
+    if annotations.get(&inj.config.status_annotation) != Some(&plan.status) {
+        edits.push(Edit::SetAnnotation {
+            key: inj.config.status_annotation.clone(),
+            value: plan.status.clone(),
+        });
+    }
+    edits
+}
+
+/// Applies edits to a typed pod.
+pub fn apply(pod: &mut Pod, edits: &[Edit]) {
+    for edit in edits {
+        let spec = pod.spec.get_or_insert_with(Default::default);
+        match edit {
+            Edit::PrependInitContainers(cs) => {
+                let init = spec.init_containers.get_or_insert_with(Vec::new);
+                init.splice(0..0, cs.iter().cloned());
+            }
+            Edit::AppendContainer(c) => spec.containers.push(c.clone()),
+            Edit::AddVolume(v) => spec.volumes.get_or_insert_with(Vec::new).push(v.clone()),
+            Edit::AddImagePullSecret(s) => {
+                spec.image_pull_secrets
+                    .get_or_insert_with(Vec::new)
+                    .push(s.clone());
+            }
+            Edit::AddVolumeMount { container, mount } => {
+                if let Some(c) = spec.containers.get_mut(*container) {
+                    c.volume_mounts
+                        .get_or_insert_with(Vec::new)
+                        .push(mount.clone());
+                }
+            }
+            Edit::AddEnv { container, env } => {
+                if let Some(c) = spec.containers.get_mut(*container) {
+                    c.env.get_or_insert_with(Vec::new).push(env.clone());
+                }
+            }
+            Edit::SetLabel { key, value } => {
+                pod.metadata
+                    .labels
+                    .get_or_insert_with(Default::default)
+                    .insert(key.clone(), value.clone());
+            }
+            Edit::SetAnnotation { key, value } => {
+                pod.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// Writes edits as a JSONPatch against the pod they were planned for. Pointers are built from
+/// tokens, so `~` and `/` in keys are escaped by construction; a missing array or map is created
+/// whole instead of appended to.
+pub fn to_patch(pod: &Pod, edits: &[Edit]) -> Patch {
+    let mut ops = Vec::with_capacity(edits.len());
+    let mut created: BTreeSet<PointerBuf> = BTreeSet::new();
+    let spec = pod.spec.as_ref();
+    let has_init = spec.is_some_and(|s| s.init_containers.is_some());
+    let has_volumes = spec.is_some_and(|s| s.volumes.is_some());
+    let has_secrets = spec.is_some_and(|s| s.image_pull_secrets.is_some());
+    let container = |i: usize| spec.and_then(|s| s.containers.get(i));
+    let has_labels = pod.metadata.labels.is_some();
+    let has_annotations = pod.metadata.annotations.is_some();
+
+    // Appends `value` to the array at `array`, creating the array if the pod had none.
+    let mut append = |ops: &mut Vec<PatchOperation>,
+                      exists: bool,
+                      array: PointerBuf,
+                      value: serde_json::Value| {
+        if exists || created.contains(&array) {
+            let mut path = array;
+            path.push_back("-");
+            ops.push(add(path, value));
+        } else {
+            created.insert(array.clone());
+            ops.push(add(array, serde_json::Value::Array(vec![value])));
+        }
+    };
+    let mut map_created = (false, false);
+
+    for edit in edits {
+        match edit {
+            Edit::PrependInitContainers(cs) => {
+                let array = PointerBuf::from_tokens(["spec", "initContainers"]);
+                if has_init {
+                    for (i, c) in cs.iter().enumerate() {
+                        let mut path = array.clone();
+                        path.push_back(i);
+                        ops.push(add(path, json(c)));
+                    }
+                } else {
+                    ops.push(add(
+                        array,
+                        serde_json::Value::Array(cs.iter().map(json).collect()),
+                    ));
+                }
+            }
+            Edit::AppendContainer(c) => {
+                append(
+                    &mut ops,
+                    true,
+                    PointerBuf::from_tokens(["spec", "containers"]),
+                    json(c),
+                );
+            }
+            Edit::AddVolume(v) => {
+                append(
+                    &mut ops,
+                    has_volumes,
+                    PointerBuf::from_tokens(["spec", "volumes"]),
+                    json(v),
+                );
+            }
+            Edit::AddImagePullSecret(s) => {
+                let array = PointerBuf::from_tokens(["spec", "imagePullSecrets"]);
+                append(&mut ops, has_secrets, array, json(s));
+            }
+            Edit::AddVolumeMount {
+                container: i,
+                mount,
+            } => {
+                let exists = container(*i).is_some_and(|c| c.volume_mounts.is_some());
+                let array =
+                    PointerBuf::from_tokens(["spec", "containers", &i.to_string(), "volumeMounts"]);
+                append(&mut ops, exists, array, json(mount));
+            }
+            Edit::AddEnv { container: i, env } => {
+                let exists = container(*i).is_some_and(|c| c.env.is_some());
+                let array = PointerBuf::from_tokens(["spec", "containers", &i.to_string(), "env"]);
+                append(&mut ops, exists, array, json(env));
+            }
+            Edit::SetLabel { key, value } => {
+                set_entry(
+                    &mut ops,
+                    has_labels,
+                    &mut map_created.0,
+                    "labels",
+                    key,
+                    value,
+                );
+            }
+            Edit::SetAnnotation { key, value } => {
+                set_entry(
+                    &mut ops,
+                    has_annotations,
+                    &mut map_created.1,
+                    "annotations",
+                    key,
+                    value,
+                );
+            }
+        }
+    }
+    Patch(ops)
+}
+
+fn set_entry(
+    ops: &mut Vec<PatchOperation>,
+    exists: bool,
+    created: &mut bool,
+    map: &str,
+    key: &str,
+    value: &str,
+) {
+    if !exists && !*created {
+        *created = true;
+        let mut object = serde_json::Map::new();
+        object.insert(key.to_owned(), value.into());
+        ops.push(add(
+            PointerBuf::from_tokens(["metadata", map]),
+            object.into(),
+        ));
+    } else {
+        // `add` on an existing member replaces it, which is what the status annotation needs.
+        ops.push(add(
+            PointerBuf::from_tokens(["metadata", map, key]),
+            value.into(),
+        ));
+    }
+}
+
+fn add(path: PointerBuf, value: serde_json::Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path, value })
+}
+
+fn json<T: Serialize>(value: &T) -> serde_json::Value {
+    // k8s-openapi types always serialize; Null would only ever reach a test's eyes.
+    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn injector() -> Injector {
+        Injector::embedded(Some("sidecar-injector".into())).expect("embedded config loads")
+    }
+
+    fn pod(json: serde_json::Value) -> Pod {
+        serde_json::from_value(json).expect("valid pod")
+    }
+
+    fn opted_in() -> Pod {
+        pod(serde_json::json!({
+            "metadata": {"name": "web", "labels": {"sidecar-injector.io/inject": "true"}},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]}
+        }))
+    }
+
+    #[test]
+    fn label_must_be_exactly_true() {
+        let inj = injector();
+        for value in ["false", "True", "yes", ""] {
+            let mut p = opted_in();
+            p.metadata.labels =
+                Some([("sidecar-injector.io/inject".to_owned(), value.to_owned())].into());
+            let d = decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides");
+            assert_eq!(d, Decision::NotOptedIn, "value {value:?}");
+        }
+    }
+
+    #[test]
+    fn excluded_namespaces_and_own_namespace_are_skipped() {
+        let inj = injector();
+        let p = opted_in();
+        for ns in [
+            "kube-system",
+            "kube-public",
+            "kube-node-lease",
+            "sidecar-injector",
+        ] {
+            let d = decide(&inj, &PodFacts::new(&p, Some(ns))).expect("decides");
+            assert_eq!(d, Decision::Skip(SkipReason::ExcludedNamespace(ns.into())));
+        }
+    }
+
+    #[test]
+    fn object_namespace_wins_over_request_namespace() {
+        let mut p = opted_in();
+        p.metadata.namespace = Some("kube-system".into());
+        let facts = PodFacts::new(&p, Some("default"));
+        assert_eq!(facts.namespace, "kube-system");
+    }
+
+    #[test]
+    fn host_network_and_windows_are_skipped() {
+        let inj = injector();
+        let mut p = opted_in();
+        p.spec.as_mut().map(|s| s.host_network = Some(true));
+        assert_eq!(
+            decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides"),
+            Decision::Skip(SkipReason::HostNetwork)
+        );
+        let mut p = opted_in();
+        p.spec.as_mut().map(|s| {
+            s.node_selector = Some([("kubernetes.io/os".into(), "windows".into())].into())
+        });
+        assert_eq!(
+            decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides"),
+            Decision::Skip(SkipReason::Windows)
+        );
+    }
+
+    #[test]
+    fn unknown_template_is_an_error_naming_it() {
+        let inj = injector();
+        let mut p = opted_in();
+        p.metadata.annotations =
+            Some([("sidecar-injector.io/templates".into(), "proxy, nope".into())].into());
+        let err = decide(&inj, &PodFacts::new(&p, Some("default"))).expect_err("unknown");
+        assert!(err.to_string().contains("\"nope\""), "{err}");
+    }
+
+    #[test]
+    fn missing_arrays_are_created_and_keys_escaped() {
+        let inj = injector();
+        let mut p = opted_in();
+        p.metadata.annotations = None;
+        let Decision::Inject(plan) =
+            decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides")
+        else {
+            unreachable!("opted-in pod is injected")
+        };
+        let patch = serde_json::to_value(to_patch(&p, &plan_edits(&inj, &p, &plan))).expect("json");
+        let paths: Vec<&str> = patch
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|op| op["path"].as_str())
+            .collect();
+        assert!(paths.contains(&"/spec/initContainers"), "{paths:?}");
+        assert!(paths.contains(&"/spec/volumes"), "{paths:?}");
+        assert!(paths.contains(&"/metadata/annotations"), "{paths:?}");
+        assert!(
+            paths.contains(&"/metadata/annotations/sidecar-injector.io~1status"),
+            "{paths:?}"
+        );
+    }
+}

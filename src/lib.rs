@@ -1,0 +1,17 @@
+//! sidecar-injector: a Kubernetes admission webhook that injects sidecars rendered from
+//! templates, and a companion validator that checks they are still there.
+//!
+//! The core ([`config`], [`template`], [`inject`], [`validate`], [`review`], [`manifest`]) does no
+//! I/O: a pod and a configuration go in, a patch or a verdict comes out. The webhook server and
+//! the CLI are shells around it, so they can never disagree.
+
+pub mod cli;
+pub mod config;
+pub mod explain;
+pub mod inject;
+pub mod load;
+pub mod manifest;
+pub mod review;
+pub mod server;
+pub mod template;
+pub mod validate;

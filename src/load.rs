@@ -1,0 +1,106 @@
+//! Reading a configuration and its templates from disk (the only file I/O of the core's inputs).
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{ConfigError, Injector, TEMPLATE_SUFFIX, parse_config};
+
+/// Environment variable naming the injector's own namespace (never injected).
+pub const NAMESPACE_ENV: &str = "SIDECAR_INJECTOR_NAMESPACE";
+
+/// The injector's own namespace, from the environment.
+pub fn own_namespace() -> Option<String> {
+    std::env::var(NAMESPACE_ENV).ok()
+}
+
+/// Loads the configuration at `path`, or the embedded default when `None`.
+pub fn injector(path: Option<&Path>) -> Result<Injector, ConfigError> {
+    let Some(path) = path else {
+        return Injector::embedded(own_namespace());
+    };
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: origin.clone(),
+        source,
+    })?;
+    let config = parse_config(&origin, &text)?;
+    let templates = match &config.templates_dir {
+        None => crate::config::BUNDLED_TEMPLATES
+            .iter()
+            .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+            .collect(),
+        Some(dir) => read_templates(&path.parent().unwrap_or(Path::new(".")).join(dir))?,
+    };
+    Injector::from_sources(&origin, &text, templates, own_namespace())
+}
+
+/// Reads every `NAME.yaml.j2` in `dir`, sorted by name. Dot-files (a mounted ConfigMap's
+/// `..data` and timestamped directories) are ignored.
+pub fn read_templates(dir: &Path) -> Result<Vec<(String, String)>, ConfigError> {
+    let origin = dir.display().to_string();
+    let read_err = |source| ConfigError::Read {
+        path: origin.clone(),
+        source,
+    };
+    let mut files: Vec<(String, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read_err)? {
+        let entry = entry.map_err(read_err)?;
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file.starts_with('.') {
+            continue;
+        }
+        if let Some(name) = file.strip_suffix(TEMPLATE_SUFFIX) {
+            files.push((name.to_owned(), entry.path()));
+        }
+    }
+    files.sort();
+    files
+        .into_iter()
+        .map(|(name, path)| {
+            std::fs::read_to_string(&path)
+                .map(|source| (name, source))
+                .map_err(|source| ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loads_a_directory_and_reports_the_broken_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("config.yaml"),
+            "templatesDir: .\ndefaultTemplates: [a]\n",
+        )
+        .expect("write");
+        std::fs::write(
+            dir.path().join("a.yaml.j2"),
+            "containers:\n  - name: a\n    image: a:1\n",
+        )
+        .expect("write");
+        let inj = injector(Some(&dir.path().join("config.yaml"))).expect("loads");
+        assert_eq!(inj.templates.names().collect::<Vec<_>>(), ["a"]);
+
+        std::fs::write(dir.path().join("b.yaml.j2"), "containers:\n{% if %}\n").expect("write");
+        let err = injector(Some(&dir.path().join("config.yaml"))).expect_err("broken b");
+        assert!(
+            err.to_string().contains("b.yaml.j2") && err.to_string().contains("line 2"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn missing_file_is_a_read_error_naming_it() {
+        let err = injector(Some(Path::new("/nonexistent/config.yaml"))).expect_err("missing");
+        assert!(
+            err.to_string()
+                .starts_with("/nonexistent/config.yaml: cannot read"),
+            "{err}"
+        );
+    }
+}

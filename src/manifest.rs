@@ -1,0 +1,314 @@
+//! Offline injection of manifests: multi-document YAML in, injected YAML out.
+//!
+//! Pods and the pod templates of workload kinds go through the same [`decide`] and edits as the
+//! webhook; the edits are applied as the same JSONPatch. A document that is not changed is
+//! written back byte for byte, comments included, so injecting the output again changes nothing.
+
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use serde_json::Value;
+
+use crate::config::Injector;
+use crate::inject::{
+    Decision, Edit, InjectError, PodFacts, SkipReason, decide, plan_edits, to_patch,
+};
+
+/// Where each kind keeps its pod template (JSON pointer tokens; empty: the object is a pod).
+pub fn pod_template_path(api_version: &str, kind: &str) -> Option<&'static [&'static str]> {
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    match (group, kind) {
+        ("", "Pod") => Some(&[]),
+        ("", "ReplicationController")
+        | ("apps", "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet") => {
+            Some(&["spec", "template"])
+        }
+        ("batch", "Job") => Some(&["spec", "template"]),
+        ("batch", "CronJob") => Some(&["spec", "jobTemplate", "spec", "template"]),
+        _ => None,
+    }
+}
+
+/// What happened to one document.
+#[derive(Debug)]
+pub enum DocOutcome {
+    /// Not a pod or a workload with a pod template (or an empty document).
+    Passthrough,
+    NotOptedIn,
+    Skipped(SkipReason),
+    /// Opted in and already carrying everything: nothing to add.
+    AlreadyInjected {
+        templates: Vec<String>,
+    },
+    Injected {
+        templates: Vec<String>,
+        edits: Vec<Edit>,
+    },
+    Failed(InjectError),
+}
+
+/// One document of the input and its result.
+#[derive(Debug)]
+pub struct Doc {
+    /// The document's text as it came in.
+    pub source: String,
+    /// `Kind/name`, for reports.
+    pub id: String,
+    pub outcome: DocOutcome,
+    /// The injected object, when something was added.
+    pub output: Option<Value>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("document {index}: invalid YAML: {message}")]
+    Yaml { index: usize, message: String },
+    #[error("document {index} ({id}): the pod template does not parse: {message}")]
+    PodTemplate {
+        index: usize,
+        id: String,
+        message: String,
+    },
+    #[error("document {index} ({id}): {source}")]
+    Inject {
+        index: usize,
+        id: String,
+        #[source]
+        source: InjectError,
+    },
+    #[error("document {index} ({id}): the patch does not apply: {message}")]
+    Patch {
+        index: usize,
+        id: String,
+        message: String,
+    },
+    #[error("document {index} ({id}): cannot write YAML: {message}")]
+    Write {
+        index: usize,
+        id: String,
+        message: String,
+    },
+}
+
+/// Splits a YAML stream at its `---` document markers, keeping each document's text exact.
+pub fn split_documents(text: &str) -> Vec<&str> {
+    let mut docs = Vec::new();
+    let mut start = 0;
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        let body = line.trim_end_matches(['\n', '\r']);
+        if body == "---" || body.starts_with("--- ") || body.starts_with("---\t") {
+            if offset > start {
+                docs.push(&text[start..offset]);
+            }
+            // Content after the marker on the same line belongs to the new document.
+            start = offset + 3;
+        }
+        offset += line.len();
+    }
+    if offset > start {
+        docs.push(&text[start..]);
+    }
+    docs
+}
+
+/// Decides every document. A document that cannot be read stops here; a pod the injector
+/// cannot honour (an unknown template) is reported in its [`Doc::outcome`].
+pub fn process(inj: &Injector, text: &str) -> Result<Vec<Doc>, ManifestError> {
+    split_documents(text)
+        .into_iter()
+        .enumerate()
+        .map(|(i, source)| process_one(inj, i + 1, source))
+        .collect()
+}
+
+/// `inject -f`: the injected YAML stream, or the first document that cannot be injected.
+pub fn inject(inj: &Injector, text: &str) -> Result<String, ManifestError> {
+    let mut docs = process(inj, text)?;
+    if let Some(index) = docs
+        .iter()
+        .position(|d| matches!(d.outcome, DocOutcome::Failed(_)))
+    {
+        let doc = docs.swap_remove(index);
+        if let DocOutcome::Failed(source) = doc.outcome {
+            return Err(ManifestError::Inject {
+                index: index + 1,
+                id: doc.id,
+                source,
+            });
+        }
+    }
+    render(&docs)
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+fn process_one(inj: &Injector, index: usize, source: &str) -> Result<Doc, ManifestError> {
+    let passthrough = |id: String| Doc {
+        source: source.to_owned(),
+        id,
+        outcome: DocOutcome::Passthrough,
+        output: None,
+    };
+    let value: Value = serde_saphyr::from_str::<Option<Value>>(source)
+        .map_err(|e| ManifestError::Yaml {
+            index,
+            message: e.to_string(),
+        })?
+        .unwrap_or(Value::Null);
+    let (kind, api_version) = (str_at(&value, "/kind"), str_at(&value, "/apiVersion"));
+    let name = match str_at(&value, "/metadata/name") {
+        "" => str_at(&value, "/metadata/generateName"),
+        n => n,
+    };
+    let id = format!("{kind}/{name}");
+    let Some(tokens) = pod_template_path(api_version, kind) else {
+        return Ok(passthrough(id));
+    };
+    let pointer = jsonptr::PointerBuf::from_tokens(tokens.iter().copied());
+    let Some(template) = value.pointer(pointer.as_str()) else {
+        return Ok(passthrough(id));
+    };
+    let pod = to_pod(template).map_err(|message| ManifestError::PodTemplate {
+        index,
+        id: id.clone(),
+        message,
+    })?;
+    let namespace = Some(str_at(&value, "/metadata/namespace")).filter(|ns| !ns.is_empty());
+    let facts = PodFacts::new(&pod, namespace);
+    let outcome = match decide(inj, &facts) {
+        Err(error) => DocOutcome::Failed(error),
+        Ok(Decision::NotOptedIn) => DocOutcome::NotOptedIn,
+        Ok(Decision::Skip(reason)) => DocOutcome::Skipped(reason),
+        Ok(Decision::Inject(plan)) => {
+            let templates = plan.templates.iter().map(|t| t.name.clone()).collect();
+            let edits = plan_edits(inj, &pod, &plan);
+            if edits.is_empty() {
+                DocOutcome::AlreadyInjected { templates }
+            } else {
+                DocOutcome::Injected { templates, edits }
+            }
+        }
+    };
+    let output = match &outcome {
+        DocOutcome::Injected { edits, .. } => {
+            let mut value = value.clone();
+            let target =
+                value
+                    .pointer_mut(pointer.as_str())
+                    .ok_or_else(|| ManifestError::Patch {
+                        index,
+                        id: id.clone(),
+                        message: "pod template vanished".into(),
+                    })?;
+            json_patch::patch(target, &to_patch(&pod, edits)).map_err(|e| {
+                ManifestError::Patch {
+                    index,
+                    id: id.clone(),
+                    message: e.to_string(),
+                }
+            })?;
+            Some(value)
+        }
+        _ => None,
+    };
+    Ok(Doc {
+        source: source.to_owned(),
+        id,
+        outcome,
+        output,
+    })
+}
+
+/// Reads a pod template (or a pod) as a pod: the two share `metadata` and `spec`.
+fn to_pod(template: &Value) -> Result<Pod, String> {
+    let t: PodTemplateSpec = serde_json::from_value(template.clone()).map_err(|e| e.to_string())?;
+    Ok(Pod {
+        metadata: t.metadata.unwrap_or_default(),
+        spec: t.spec,
+        status: None,
+    })
+}
+
+/// Writes the documents back as one YAML stream: unchanged documents verbatim, injected ones
+/// re-serialized.
+pub fn render(docs: &[Doc]) -> Result<String, ManifestError> {
+    let mut out = String::new();
+    for (i, doc) in docs.iter().enumerate() {
+        let text = match &doc.output {
+            Some(value) => serde_saphyr::to_string(value).map_err(|e| ManifestError::Write {
+                index: i + 1,
+                id: doc.id.clone(),
+                message: e.to_string(),
+            })?,
+            None => doc.source.trim_start_matches(['\n']).to_owned(),
+        };
+        if i > 0 || docs.len() > 1 {
+            out.push_str("---");
+            if !text.starts_with(['\n', ' ']) {
+                out.push('\n');
+            }
+        }
+        out.push_str(&text);
+        if !out.ends_with('\n') {
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DEPLOYMENT: &str = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  template:\n    metadata:\n      labels:\n        sidecar-injector.io/inject: \"true\"\n    spec:\n      containers:\n        - name: app\n          image: nginx:1.27\n";
+
+    #[test]
+    fn splits_on_markers_only() {
+        let docs = split_documents("a: 1\n---\nb: |\n  ---x\n--- \nc: 3\n");
+        assert_eq!(docs, ["a: 1\n", "\nb: |\n  ---x\n", " \nc: 3\n"]);
+    }
+
+    #[test]
+    fn injects_a_deployment_and_is_idempotent() {
+        let inj = Injector::embedded(None).expect("embedded");
+        let input = format!(
+            "# a comment kept\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n---\n{DEPLOYMENT}"
+        );
+        let once = render(&process(&inj, &input).expect("first")).expect("render");
+        assert!(once.starts_with("---\n# a comment kept\n"), "{once}");
+        assert!(once.contains("name: log-shipper"), "{once}");
+        assert!(
+            once.contains("sidecar-injector.io/inject: 'true'")
+                || once.contains("sidecar-injector.io/inject: \"true\""),
+            "{once}"
+        );
+        let docs = process(&inj, &once).expect("second");
+        assert!(
+            matches!(docs[1].outcome, DocOutcome::AlreadyInjected { .. }),
+            "{:?}",
+            docs[1].outcome
+        );
+        assert_eq!(render(&docs).expect("render"), once);
+    }
+
+    #[test]
+    fn bad_yaml_names_the_document() {
+        let inj = Injector::embedded(None).expect("embedded");
+        let err = process(&inj, "a: 1\n---\nb: [\n").expect_err("bad yaml");
+        assert!(
+            err.to_string().starts_with("document 2: invalid YAML"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cronjob_template_is_found() {
+        assert_eq!(
+            pod_template_path("batch/v1", "CronJob"),
+            Some(&["spec", "jobTemplate", "spec", "template"][..])
+        );
+        assert_eq!(pod_template_path("v1", "Service"), None);
+        assert_eq!(pod_template_path("example.com/v1", "Deployment"), None);
+    }
+}

@@ -1,0 +1,303 @@
+//! Sidecar templates: minijinja sources rendered with a pod's context into a [`Fragment`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Container, EnvVar, LocalObjectReference, Volume, VolumeMount};
+use minijinja::{Environment, UndefinedBehavior, Value};
+use serde::{Deserialize, Serialize};
+
+use crate::config::TEMPLATE_SUFFIX;
+
+/// What one template adds to a pod once rendered.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Fragment {
+    /// Whether this template may be injected into Windows pods.
+    #[serde(default)]
+    pub supports_windows: bool,
+    #[serde(default)]
+    pub containers: Vec<Container>,
+    /// Placed before the pod's own init containers, so a native sidecar (`restartPolicy:
+    /// Always`) is running while the pod's init containers run and outlives the app containers.
+    #[serde(default)]
+    pub init_containers: Vec<Container>,
+    #[serde(default)]
+    pub volumes: Vec<Volume>,
+    /// Added to every application container.
+    #[serde(default)]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Added to every application container.
+    #[serde(default)]
+    pub env: Vec<EnvVar>,
+    #[serde(default)]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Fragment {
+    /// Names of the containers this fragment injects, regular and init.
+    pub fn sidecar_names(&self) -> impl Iterator<Item = &str> {
+        self.containers
+            .iter()
+            .chain(&self.init_containers)
+            .map(|c| c.name.as_str())
+    }
+}
+
+/// The pod as templates see it.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodContext<'a> {
+    /// Empty for pods named by `generateName` (the API server names them after admission).
+    pub name: &'a str,
+    pub generate_name: &'a str,
+    pub namespace: &'a str,
+    pub labels: &'a BTreeMap<String, String>,
+    pub annotations: &'a BTreeMap<String, String>,
+    pub service_account: &'a str,
+}
+
+/// A template that failed to compile, render or parse.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("template {file}: {detail}")]
+    Compile { file: String, detail: String },
+    #[error("template {file}: rendering failed: {detail}")]
+    Render { file: String, detail: String },
+    #[error("template {file}: rendered output is not a valid sidecar fragment: {detail}")]
+    Fragment { file: String, detail: String },
+    #[error("template {file}: {detail}")]
+    Invalid { file: String, detail: String },
+    #[error("templates {first} and {second} both inject a container named {container:?}")]
+    Conflict {
+        first: String,
+        second: String,
+        container: String,
+    },
+}
+
+/// The compiled templates, keyed by name.
+pub struct TemplateSet {
+    env: Environment<'static>,
+    names: BTreeSet<String>,
+    values: Value,
+}
+
+impl std::fmt::Debug for TemplateSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TemplateSet")
+            .field("names", &self.names)
+            .finish_non_exhaustive()
+    }
+}
+
+fn file_name(name: &str) -> String {
+    format!("{name}{TEMPLATE_SUFFIX}")
+}
+
+/// Renders minijinja errors with their file and line and the chain of causes.
+fn describe(err: &minijinja::Error) -> String {
+    let mut out = match (err.name(), err.line()) {
+        (Some(file), Some(line)) => format!("line {line} ({file}): {}", err.kind()),
+        _ => err.kind().to_string(),
+    };
+    if let Some(detail) = err.detail() {
+        out.push_str(": ");
+        out.push_str(detail);
+    }
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
+}
+
+impl TemplateSet {
+    /// Compiles every template and renders it once against a sample pod, so that syntax errors,
+    /// undefined variables and malformed fragments fail here rather than at request time.
+    pub fn compile(
+        sources: Vec<(String, String)>,
+        values: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Self, TemplateError> {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        // Output is YAML, not HTML: no auto-escaping (use `| tojson` to quote a value).
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        env.set_keep_trailing_newline(true);
+        let mut names = BTreeSet::new();
+        for (name, source) in sources {
+            let file = file_name(&name);
+            if name.is_empty() || name.contains([',', '/', ' ']) {
+                return Err(TemplateError::Invalid {
+                    file,
+                    detail: "a template name must be non-empty without ',', '/' or spaces".into(),
+                });
+            }
+            env.add_template_owned(file.clone(), source)
+                .map_err(|e| TemplateError::Compile {
+                    file,
+                    detail: describe(&e),
+                })?;
+            names.insert(name);
+        }
+        let set = Self {
+            env,
+            names,
+            values: Value::from_serialize(values),
+        };
+        set.check_samples()?;
+        Ok(set)
+    }
+
+    fn check_samples(&self) -> Result<(), TemplateError> {
+        let empty = BTreeMap::new();
+        let sample = PodContext {
+            name: "example",
+            generate_name: "",
+            namespace: "default",
+            labels: &empty,
+            annotations: &empty,
+            service_account: "default",
+        };
+        let mut owner: BTreeMap<String, String> = BTreeMap::new();
+        for name in &self.names {
+            let fragment = self.render(name, &sample)?;
+            let file = file_name(name);
+            let mut seen = BTreeSet::new();
+            for c in fragment.sidecar_names() {
+                if c.is_empty() {
+                    return Err(TemplateError::Invalid {
+                        file,
+                        detail: "a container has no name".into(),
+                    });
+                }
+                if !seen.insert(c) {
+                    return Err(TemplateError::Invalid {
+                        file,
+                        detail: format!("container {c:?} is defined twice"),
+                    });
+                }
+                if let Some(first) = owner.insert(c.to_owned(), name.clone()) {
+                    return Err(TemplateError::Conflict {
+                        first: file_name(&first),
+                        second: file,
+                        container: c.to_owned(),
+                    });
+                }
+            }
+            for v in &fragment.volumes {
+                if v.name.is_empty() {
+                    return Err(TemplateError::Invalid {
+                        file,
+                        detail: "a volume has no name".into(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.contains(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+
+    /// Renders one template for a pod.
+    pub fn render(&self, name: &str, pod: &PodContext<'_>) -> Result<Fragment, TemplateError> {
+        let file = file_name(name);
+        let template = self
+            .env
+            .get_template(&file)
+            .map_err(|e| TemplateError::Render {
+                file: file.clone(),
+                detail: describe(&e),
+            })?;
+        let ctx = minijinja::context! { pod => Value::from_serialize(pod), values => self.values.clone() };
+        let text = template.render(ctx).map_err(|e| TemplateError::Render {
+            file: file.clone(),
+            detail: describe(&e),
+        })?;
+        if text.trim().is_empty() {
+            return Ok(Fragment::default());
+        }
+        serde_saphyr::from_str(&text).map_err(|e| TemplateError::Fragment {
+            file,
+            detail: e.to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile(src: &str) -> Result<TemplateSet, TemplateError> {
+        TemplateSet::compile(vec![("t".into(), src.into())], &BTreeMap::new())
+    }
+
+    #[test]
+    fn syntax_error_names_file_and_line() {
+        let err = compile("containers:\n  - name: a\n    image: {{ x }\n").expect_err("broken");
+        let msg = err.to_string();
+        assert!(msg.contains("t.yaml.j2"), "{msg}");
+        assert!(msg.contains("line 3"), "{msg}");
+    }
+
+    #[test]
+    fn undefined_variable_fails_at_load() {
+        let err = compile("containers:\n  - name: a\n    image: {{ values.nope }}\n")
+            .expect_err("strict undefined");
+        let msg = err.to_string();
+        assert!(msg.contains("t.yaml.j2") && msg.contains("line 3"), "{msg}");
+    }
+
+    #[test]
+    fn unknown_fragment_key_fails_at_load() {
+        let err = compile("container:\n  - name: a\n").expect_err("typo");
+        assert!(
+            err.to_string().contains("not a valid sidecar fragment"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn duplicate_container_across_templates_is_a_conflict() {
+        let src = "containers:\n  - name: same\n    image: x:1\n";
+        let err = TemplateSet::compile(
+            vec![("a".into(), src.into()), ("b".into(), src.into())],
+            &BTreeMap::new(),
+        )
+        .expect_err("conflict");
+        assert!(matches!(err, TemplateError::Conflict { .. }), "{err}");
+    }
+
+    #[test]
+    fn renders_pod_context() {
+        let set = compile(
+            "containers:\n  - name: c\n    image: img:1\n    args: [{{ pod.namespace | tojson }}, \"{{ pod.generateName }}\"]\n",
+        )
+        .expect("compiles");
+        let labels = BTreeMap::new();
+        let pod = PodContext {
+            name: "",
+            generate_name: "web-",
+            namespace: "team: a",
+            labels: &labels,
+            annotations: &labels,
+            service_account: "default",
+        };
+        let f = set.render("t", &pod).expect("renders");
+        assert_eq!(
+            f.containers[0].args.as_deref(),
+            Some(&["team: a".to_owned(), "web-".to_owned()][..])
+        );
+    }
+}

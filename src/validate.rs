@@ -1,0 +1,316 @@
+//! The companion validator: does an opted-in pod carry exactly what the injector would add?
+//!
+//! It renders the same [`Plan`] the mutator renders and compares the fields the injector owns.
+//! The API server defaults some of them after mutation (a port's protocol, a field reference's
+//! API version, requests copied from limits); both sides are normalised the same way first.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use serde_json::Value;
+
+use crate::config::Injector;
+use crate::inject::{Plan, Status};
+
+/// The container fields the injector owns: changing any of them on a sidecar is a finding.
+pub const OWNED_FIELDS: &[&str] = &[
+    "image",
+    "command",
+    "args",
+    "ports",
+    "env",
+    "volumeMounts",
+    "resources",
+    "securityContext",
+    "restartPolicy",
+];
+
+/// Everything wrong with `pod` for `plan`, in words a person can act on. Empty: the pod is valid.
+pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
+    let mut out = Vec::new();
+    let empty_spec = Default::default();
+    let spec = pod.spec.as_ref().unwrap_or(&empty_spec);
+    let containers = spec.containers.as_slice();
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    for t in &plan.templates {
+        let expected = [(
+            "containers",
+            &t.fragment.containers,
+            containers,
+            "initContainers",
+            init,
+        )];
+        let expected_init = [(
+            "initContainers",
+            &t.fragment.init_containers,
+            init,
+            "containers",
+            containers,
+        )];
+        for (list, wanted, actual, other_list, other) in expected.into_iter().chain(expected_init) {
+            for want in wanted {
+                match actual.iter().find(|c| c.name == want.name) {
+                    Some(have) => {
+                        let changed = changed_fields(want, have);
+                        if !changed.is_empty() {
+                            out.push(format!(
+                                "sidecar {:?} (template {:?}) was changed: {}; these fields belong to the injector",
+                                want.name,
+                                t.name,
+                                changed.join(", ")
+                            ));
+                        }
+                    }
+                    None if other.iter().any(|c| c.name == want.name) => out.push(format!(
+                        "sidecar {:?} (template {:?}) must be in spec.{list} but is in spec.{other_list}",
+                        want.name, t.name
+                    )),
+                    None => out.push(format!(
+                        "sidecar {:?} (template {:?}) is missing from spec.{list}",
+                        want.name, t.name
+                    )),
+                }
+            }
+        }
+        for v in &t.fragment.volumes {
+            if !spec
+                .volumes
+                .iter()
+                .flatten()
+                .any(|have| have.name == v.name)
+            {
+                out.push(format!(
+                    "volume {:?} (template {:?}) is missing from spec.volumes",
+                    v.name, t.name
+                ));
+            }
+        }
+    }
+    let key = &inj.config.status_annotation;
+    match pod.metadata.annotations.as_ref().and_then(|a| a.get(key)) {
+        None => out.push(format!(
+            "annotation {key} is missing: the pod did not pass through the sidecar injector"
+        )),
+        Some(value) => {
+            let wanted: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
+            match serde_json::from_str::<Status>(value) {
+                Ok(status) if status.templates == wanted => {}
+                Ok(status) => out.push(format!(
+                    "annotation {key} lists templates [{}] but the pod asks for [{}]",
+                    status.templates.join(", "),
+                    wanted.join(", ")
+                )),
+                Err(_) => out.push(format!(
+                    "annotation {key} is not a status the injector wrote: {value:?}"
+                )),
+            }
+        }
+    }
+    out
+}
+
+/// The owned fields that differ between what the template renders and what the pod carries.
+fn changed_fields(want: &Container, have: &Container) -> Vec<String> {
+    let want = owned(want);
+    let have = owned(have);
+    OWNED_FIELDS
+        .iter()
+        .filter(|f| want.get(**f) != have.get(**f))
+        .map(|f| match (f, want.get(*f), have.get(*f)) {
+            (&"image", Some(w), h) => {
+                format!(
+                    "image is {} but the template sets {w}",
+                    h.map_or("unset".into(), Value::to_string)
+                )
+            }
+            (f, _, None) => format!("{f} was removed"),
+            (f, None, _) => format!("{f} was added"),
+            (f, _, _) => format!("{f} differs"),
+        })
+        .collect()
+}
+
+/// The owned fields of a container, normalised: empty values dropped and the API server's
+/// defaults applied, so a rendered container and its stored copy compare equal.
+fn owned(c: &Container) -> serde_json::Map<String, Value> {
+    let Ok(Value::Object(all)) = serde_json::to_value(c) else {
+        return Default::default();
+    };
+    let mut out = serde_json::Map::new();
+    for (key, mut value) in all {
+        if !OWNED_FIELDS.contains(&key.as_str()) {
+            continue;
+        }
+        apply_defaults(&key, &mut value);
+        if let Some(value) = prune(value) {
+            out.insert(key, value);
+        }
+    }
+    out
+}
+
+fn apply_defaults(field: &str, value: &mut Value) {
+    match field {
+        "ports" => {
+            for port in value.as_array_mut().into_iter().flatten() {
+                if let Some(p) = port.as_object_mut() {
+                    p.entry("protocol").or_insert_with(|| "TCP".into());
+                }
+            }
+        }
+        "env" => {
+            for env in value.as_array_mut().into_iter().flatten() {
+                if let Some(field_ref) = env
+                    .pointer_mut("/valueFrom/fieldRef")
+                    .and_then(Value::as_object_mut)
+                {
+                    field_ref.entry("apiVersion").or_insert_with(|| "v1".into());
+                }
+            }
+        }
+        "resources" => {
+            let limits = value.get("limits").and_then(Value::as_object).cloned();
+            if let (Some(limits), Some(r)) = (limits, value.as_object_mut()) {
+                let requests = r
+                    .entry("requests")
+                    .or_insert_with(|| Value::Object(Default::default()));
+                if let Some(requests) = requests.as_object_mut() {
+                    for (name, quantity) in limits {
+                        requests.entry(name).or_insert(quantity);
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Drops nulls and empty arrays and objects, as the API server does when it stores an object.
+fn prune(value: Value) -> Option<Value> {
+    match value {
+        Value::Null => None,
+        Value::Array(items) => {
+            let items: Vec<Value> = items.into_iter().filter_map(prune).collect();
+            (!items.is_empty()).then_some(Value::Array(items))
+        }
+        Value::Object(map) => {
+            let map: serde_json::Map<String, Value> = map
+                .into_iter()
+                .filter_map(|(k, v)| prune(v).map(|v| (k, v)))
+                .collect();
+            (!map.is_empty()).then_some(Value::Object(map))
+        }
+        other => Some(other),
+    }
+}
+
+/// The message a person sees when the validator denies a pod.
+pub fn denial_message(inj: &Injector, pod_name: &str, problems: &[String]) -> String {
+    let list: Vec<String> = problems
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("({}) {p}", i + 1))
+        .collect();
+    format!(
+        "sidecar-injector: pod {pod_name} opted in to sidecar injection ({label}=true) but {}: {}. \
+         To fix: create the pod with the injector's mutating webhook available and leave its sidecars unchanged \
+         (for a controller's pod, delete it and let the controller recreate it), or opt out by removing the label {label}",
+        if problems.len() == 1 {
+            "has a problem"
+        } else {
+            "has problems"
+        },
+        list.join("; "),
+        label = inj.config.inject_label,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inject::{Decision, PodFacts, apply, decide, plan_edits};
+
+    fn injected() -> (Injector, Pod, Plan) {
+        let inj = Injector::embedded(None).expect("embedded loads");
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "labels": {"sidecar-injector.io/inject": "true"}},
+            "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]}
+        }))
+        .expect("pod");
+        let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&pod, Some("default"))) else {
+            unreachable!("opted-in pod is injected")
+        };
+        let edits = plan_edits(&inj, &pod, &plan);
+        apply(&mut pod, &edits);
+        (inj, pod, plan)
+    }
+
+    #[test]
+    fn injected_pod_has_no_findings() {
+        let (inj, pod, plan) = injected();
+        assert_eq!(findings(&inj, &pod, &plan), Vec::<String>::new());
+    }
+
+    #[test]
+    fn api_server_defaults_are_not_findings() {
+        let (inj, mut pod, plan) = injected();
+        let spec = pod.spec.as_mut().expect("spec");
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
+            c.image_pull_policy = Some("IfNotPresent".into());
+            c.termination_message_path = Some("/dev/termination-log".into());
+            for p in c.ports.iter_mut().flatten() {
+                p.protocol = None;
+            }
+        }
+        assert_eq!(findings(&inj, &pod, &plan), Vec::<String>::new());
+    }
+
+    #[test]
+    fn changed_image_is_named() {
+        let (inj, mut pod, plan) = injected();
+        let init = pod
+            .spec
+            .as_mut()
+            .and_then(|s| s.init_containers.as_mut())
+            .expect("init");
+        init[0].image = Some("evil:latest".into());
+        let f = findings(&inj, &pod, &plan);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert!(
+            f[0].contains("\"proxy\"") && f[0].contains("evil:latest"),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn missing_sidecar_volume_and_status_are_each_reported() {
+        let (inj, mut pod, plan) = injected();
+        let spec = pod.spec.as_mut().expect("spec");
+        spec.containers.retain(|c| c.name != "log-shipper");
+        spec.volumes = None;
+        pod.metadata.annotations = None;
+        let f = findings(&inj, &pod, &plan);
+        assert_eq!(f.len(), 3, "{f:?}");
+        let message = denial_message(&inj, "\"web\"", &f);
+        assert!(
+            message.contains("(1)") && message.contains("(3)"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn sidecar_in_wrong_list_is_reported() {
+        let (inj, mut pod, plan) = injected();
+        let spec = pod.spec.as_mut().expect("spec");
+        let proxy = spec.init_containers.as_mut().expect("init").remove(0);
+        spec.containers.push(proxy);
+        let f = findings(&inj, &pod, &plan);
+        assert!(
+            f.iter()
+                .any(|m| m.contains("must be in spec.initContainers")),
+            "{f:?}"
+        );
+    }
+}
