@@ -12,25 +12,76 @@ pub fn own_namespace() -> Option<String> {
     std::env::var(NAMESPACE_ENV).ok()
 }
 
+/// The texts a configuration is built from, read from disk.
+#[derive(Debug)]
+pub struct Sources {
+    pub origin: String,
+    pub config: String,
+    pub templates: Vec<(String, String)>,
+    /// Directories whose changes may change these sources.
+    pub dirs: Vec<PathBuf>,
+}
+
+impl Sources {
+    /// Reads the configuration at `path` and the templates it points to.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let origin = path.display().to_string();
+        let config = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: origin.clone(),
+            source,
+        })?;
+        let parsed = parse_config(&origin, &config)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut dirs = vec![base.to_path_buf()];
+        let templates = match &parsed.templates_dir {
+            None => bundled(),
+            Some(dir) => {
+                let dir = base.join(dir);
+                let templates = read_templates(&dir)?;
+                dirs.push(dir);
+                templates
+            }
+        };
+        Ok(Self {
+            origin,
+            config,
+            templates,
+            dirs,
+        })
+    }
+
+    /// A hash of every text: equal fingerprints mean nothing changed.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(self.config.as_bytes());
+        for (name, source) in &self.templates {
+            h.update([0]);
+            h.update(name.as_bytes());
+            h.update([0]);
+            h.update(source.as_bytes());
+        }
+        h.finalize().into()
+    }
+
+    pub fn build(self, own_namespace: Option<String>) -> Result<Injector, ConfigError> {
+        Injector::from_sources(&self.origin, &self.config, self.templates, own_namespace)
+    }
+}
+
+fn bundled() -> Vec<(String, String)> {
+    crate::config::BUNDLED_TEMPLATES
+        .iter()
+        .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+        .collect()
+}
+
 /// Loads the configuration at `path`, or the embedded default when `None`.
 pub fn injector(path: Option<&Path>) -> Result<Injector, ConfigError> {
-    let Some(path) = path else {
-        return Injector::embedded(own_namespace());
-    };
-    let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: origin.clone(),
-        source,
-    })?;
-    let config = parse_config(&origin, &text)?;
-    let templates = match &config.templates_dir {
-        None => crate::config::BUNDLED_TEMPLATES
-            .iter()
-            .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
-            .collect(),
-        Some(dir) => read_templates(&path.parent().unwrap_or(Path::new(".")).join(dir))?,
-    };
-    Injector::from_sources(&origin, &text, templates, own_namespace())
+    match path {
+        None => Injector::embedded(own_namespace()),
+        Some(path) => Sources::read(path)?.build(own_namespace()),
+    }
 }
 
 /// Reads every `NAME.yaml.j2` in `dir`, sorted by name. Dot-files (a mounted ConfigMap's

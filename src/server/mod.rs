@@ -1,12 +1,29 @@
 //! The webhook server: TLS for the API server, a plain admin port, reloads, limits, shutdown.
 
+pub mod metrics;
+pub mod reload;
+pub mod routes;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use clap::{Args, ValueEnum};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use crate::cli::ConfigArg;
+use routes::State;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -86,8 +103,260 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
 
+fn init_logging(format: Option<LogFormat>) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let json = match format {
+        Some(f) => f == LogFormat::Json,
+        None => !std::io::stderr().is_terminal(),
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    // A second initialisation (tests) keeps the first subscriber.
+    let _ = if json {
+        builder.json().flatten_event(true).try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
 impl ServeArgs {
+    /// Runs the server until SIGTERM or SIGINT, then drains and returns.
     pub fn run(self) -> anyhow::Result<()> {
-        anyhow::bail!("serve is not built yet")
+        init_logging(self.log_format);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        runtime.block_on(async {
+            let server = Server::start(self).await?;
+            server.run_until(shutdown_signal()).await
+        })
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = term => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+/// A started server: configuration and certificate loaded, both ports bound.
+pub struct Server {
+    pub state: Arc<State>,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    tls_listener: TcpListener,
+    admin_listener: TcpListener,
+    acceptor: TlsAcceptor,
+    header_read_timeout: Duration,
+    shutdown_timeout: Duration,
+    reloader: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Loads everything and binds the ports. Fails, with the reason, if anything is missing:
+    /// a server that cannot inject must not look ready.
+    pub async fn start(args: ServeArgs) -> anyhow::Result<Self> {
+        let ServeArgs {
+            listen,
+            admin_listen,
+            tls_cert_file,
+            tls_key_file,
+            dev_ca_file,
+            log_format: _,
+            max_body_bytes,
+            header_read_timeout,
+            request_timeout,
+            shutdown_timeout,
+            reload_interval,
+            config,
+        } = args;
+        let (sources, injector) = match &config.path {
+            Some(path) => {
+                let sources = crate::load::Sources::read(path)?;
+                let fingerprint = sources.fingerprint();
+                let dirs = sources.dirs.clone();
+                (
+                    Some((path.clone(), reload::Tracked::new(fingerprint), dirs)),
+                    sources.build(crate::load::own_namespace())?,
+                )
+            }
+            None => (
+                None,
+                crate::config::Injector::embedded(crate::load::own_namespace())?,
+            ),
+        };
+        let state = Arc::new(State::new(injector, max_body_bytes, request_timeout));
+        let cert_files = match (tls_cert_file, tls_key_file) {
+            (Some(cert), Some(key)) => Some(tls::CertFiles { cert, key }),
+            _ => None,
+        };
+        let loaded = match &cert_files {
+            Some(files) => files.load()?,
+            None => {
+                let dev = tls::dev_cert()?;
+                let path = dev_ca_file
+                    .unwrap_or_else(|| std::env::temp_dir().join("sidecar-injector-dev-ca.pem"));
+                std::fs::write(&path, &dev.ca_pem).with_context(|| {
+                    format!("cannot write the development CA to {}", path.display())
+                })?;
+                tracing::warn!(
+                    ca_file = %path.display(),
+                    "no --tls-cert-file given: serving a self-signed development certificate for localhost, 127.0.0.1 and ::1; \
+                     its CA is written to ca_file (curl --cacert <ca_file> https://localhost:8443/...). Do not use it in a cluster"
+                );
+                dev.loaded
+            }
+        };
+        state.metrics.certificate_expiry(loaded.not_after);
+        let resolver = Arc::new(tls::Resolver::new(loaded.key.clone()));
+        let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(resolver.clone())?));
+        let tls_listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let admin_listener = TcpListener::bind(admin_listen)
+            .await
+            .with_context(|| format!("cannot listen on {admin_listen}"))?;
+        let (listen, admin_listen) = (tls_listener.local_addr()?, admin_listener.local_addr()?);
+        let reloader = tokio::spawn(reload::run(reload::Reloader {
+            state: state.clone(),
+            resolver,
+            cert_files: cert_files.map(|f| (f, reload::Tracked::new(loaded.fingerprint))),
+            config: sources,
+            interval: reload_interval,
+        }));
+        tracing::info!(%listen, %admin_listen, config = %config.path.as_ref().map_or("<embedded>".into(), |p| p.display().to_string()), "serving");
+        Ok(Self {
+            state,
+            listen,
+            admin_listen,
+            tls_listener,
+            admin_listener,
+            acceptor,
+            header_read_timeout,
+            shutdown_timeout,
+            reloader,
+        })
+    }
+
+    /// Serves until `shutdown` resolves; then readiness fails, the listener closes, in-flight
+    /// requests finish (at most `--shutdown-timeout`), and this returns.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let Self {
+            state,
+            tls_listener,
+            admin_listener,
+            acceptor,
+            header_read_timeout,
+            shutdown_timeout,
+            reloader,
+            ..
+        } = self;
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_read_timeout)
+            .keep_alive(true);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(20)));
+        let builder = Arc::new(builder);
+        let graceful = GracefulShutdown::new();
+        let admin = tokio::spawn(serve_admin(admin_listener, state.clone(), builder.clone()));
+        tokio::select! {
+            () = accept_tls(&tls_listener, &acceptor, &state, &builder, &graceful, header_read_timeout) => {}
+            () = shutdown => {}
+        }
+        state.draining.store(true, Ordering::SeqCst);
+        drop(tls_listener);
+        tracing::info!("listener closed; draining in-flight requests");
+        match tokio::time::timeout(shutdown_timeout, graceful.shutdown()).await {
+            Ok(()) => tracing::info!("drained; exiting"),
+            Err(_) => {
+                tracing::warn!(timeout = ?shutdown_timeout, "drain timed out; exiting with requests in flight")
+            }
+        }
+        reloader.abort();
+        admin.abort();
+        Ok(())
+    }
+}
+
+async fn accept_tls(
+    listener: &TcpListener,
+    acceptor: &TlsAcceptor,
+    state: &Arc<State>,
+    builder: &Arc<auto::Builder<TokioExecutor>>,
+    graceful: &GracefulShutdown,
+    handshake_timeout: Duration,
+) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(%error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, state, builder) = (acceptor.clone(), state.clone(), builder.clone());
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
+                Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
+            };
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(routes::webhook(state, req).await) }
+            });
+            if let Err(error) = watcher
+                .watch(builder.serve_connection(TokioIo::new(tls), service))
+                .await
+            {
+                tracing::debug!(%peer, %error, "connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn serve_admin(
+    listener: TcpListener,
+    state: Arc<State>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let (state, builder) = (state.clone(), builder.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let response = routes::admin(&state, &req);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let _ = builder.serve_connection(TokioIo::new(tcp), service).await;
+        });
     }
 }

@@ -1,0 +1,168 @@
+//! Prometheus metrics. Labels are small fixed sets: never a pod, namespace or uid.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::review::{Outcome, Webhook};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReviewLabels {
+    webhook: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabel {
+    webhook: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    kind: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectLabel {
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+}
+
+/// What a reload was of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReloadKind {
+    Config,
+    Certificate,
+}
+
+impl ReloadKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Config => "config",
+            Self::Certificate => "certificate",
+        }
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    reviews: Family<ReviewLabels, Counter>,
+    latency: Family<WebhookLabel, Histogram>,
+    reloads: Family<ReloadLabels, Counter>,
+    rejected: Family<RejectLabel, Counter>,
+    cert_expiry: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+/// Latency buckets, in seconds: fine below a millisecond, where a healthy review lands.
+const BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
+    1.0,
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("sidecar_injector");
+        let reviews = Family::<ReviewLabels, Counter>::default();
+        registry.register(
+            "reviews",
+            "AdmissionReviews answered, by webhook and outcome",
+            reviews.clone(),
+        );
+        let latency =
+            Family::<WebhookLabel, Histogram>::new_with_constructor(|| Histogram::new(BUCKETS));
+        registry.register(
+            "review_duration_seconds",
+            "Time from a complete request body to the encoded answer",
+            latency.clone(),
+        );
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "reloads",
+            "Reloads of configuration and certificate, by result",
+            reloads.clone(),
+        );
+        let rejected = Family::<RejectLabel, Counter>::default();
+        registry.register(
+            "http_rejections",
+            "HTTP requests refused before review (404, 405, 400, 408, 413)",
+            rejected.clone(),
+        );
+        let cert_expiry = Gauge::default();
+        registry.register(
+            "certificate_expiry_timestamp_seconds",
+            "When the serving certificate expires (Unix time)",
+            cert_expiry.clone(),
+        );
+        let build = Family::<BuildLabels, Gauge>::default();
+        build
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        registry.register("build_info", "Build information; always 1", build);
+        Self {
+            registry,
+            reviews,
+            latency,
+            reloads,
+            rejected,
+            cert_expiry,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn review(&self, webhook: Webhook, outcome: Outcome, seconds: f64) {
+        self.reviews
+            .get_or_create(&ReviewLabels {
+                webhook: webhook.as_str(),
+                outcome: outcome.as_str(),
+            })
+            .inc();
+        self.latency
+            .get_or_create(&WebhookLabel {
+                webhook: webhook.as_str(),
+            })
+            .observe(seconds);
+    }
+
+    pub fn reload(&self, kind: ReloadKind, ok: bool) {
+        let result = if ok { "success" } else { "error" };
+        self.reloads
+            .get_or_create(&ReloadLabels {
+                kind: kind.as_str(),
+                result,
+            })
+            .inc();
+    }
+
+    pub fn rejected(&self, code: u16) {
+        self.rejected.get_or_create(&RejectLabel { code }).inc();
+    }
+
+    pub fn certificate_expiry(&self, not_after: i64) {
+        self.cert_expiry.set(not_after);
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

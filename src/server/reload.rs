@@ -1,0 +1,170 @@
+//! Live reload of the serving certificate and of the configuration with its templates.
+//!
+//! Directory notifications trigger a re-check (kubelet replaces a `..data` symlink in a mounted
+//! directory; cert-manager rewrites files), and a periodic re-check catches anything missed. A
+//! change is applied only when the bytes differ; a broken change keeps the last good state and
+//! says so in the logs and in `sidecar_injector_reloads_total{result="error"}`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher as _};
+
+use super::metrics::ReloadKind;
+use super::routes::State;
+use super::tls::{CertFiles, Resolver};
+
+/// What is being served, and the last change that was refused (so it is reported once).
+#[derive(Clone, Copy, Debug)]
+pub struct Tracked {
+    pub served: [u8; 32],
+    pub refused: Option<[u8; 32]>,
+}
+
+impl Tracked {
+    pub fn new(served: [u8; 32]) -> Self {
+        Self {
+            served,
+            refused: None,
+        }
+    }
+
+    /// Whether bytes with this fingerprint still need looking at.
+    fn is_new(&self, fingerprint: [u8; 32]) -> bool {
+        fingerprint != self.served && Some(fingerprint) != self.refused
+    }
+}
+
+pub struct Reloader {
+    pub state: Arc<State>,
+    pub resolver: Arc<Resolver>,
+    pub cert_files: Option<(CertFiles, Tracked)>,
+    /// Configuration file and the directories to watch for it.
+    pub config: Option<(PathBuf, Tracked, Vec<PathBuf>)>,
+    pub interval: Duration,
+}
+pub async fn run(mut r: Reloader) {
+    if r.cert_files.is_none() && r.config.is_none() {
+        return;
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some((files, _)) = &r.cert_files {
+        dirs.extend(files.watch_dirs());
+    }
+    if let Some((_, _, config_dirs)) = &r.config {
+        dirs.extend(config_dirs.iter().cloned());
+    }
+    dirs.sort();
+    dirs.dedup();
+    // Kept alive for the life of this task: dropping it stops the notifications.
+    let _watcher = match notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok() {
+            let _ = tx.try_send(());
+        }
+    }) {
+        Ok(mut watcher) => {
+            for dir in &dirs {
+                if let Err(error) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+                    tracing::warn!(dir = %dir.display(), %error, "cannot watch directory; relying on the periodic re-check");
+                }
+            }
+            Some(watcher)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "file notifications unavailable; relying on the periodic re-check");
+            None
+        }
+    };
+    let mut tick = tokio::time::interval(r.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            Some(()) = rx.recv() => {
+                // Let a burst of events (a symlink swap is several) settle first.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                while rx.try_recv().is_ok() {}
+            }
+            _ = tick.tick() => {}
+        }
+        r.check_certificate();
+        r.check_config();
+    }
+}
+
+impl Reloader {
+    fn check_certificate(&mut self) {
+        let Some((files, tracked)) = &mut self.cert_files else {
+            return;
+        };
+        let fingerprint = match files.fingerprint() {
+            Ok(f) => f,
+            Err(error) => {
+                // Mid-rotation a file can be missing for a moment; the next event or tick
+                // picks up the finished pair, so this is only worth a debug line.
+                return tracing::debug!(%error, "certificate files not readable right now");
+            }
+        };
+        if !tracked.is_new(fingerprint) {
+            return;
+        }
+        match files.load() {
+            Ok(loaded) => {
+                self.resolver.set(loaded.key);
+                *tracked = Tracked::new(loaded.fingerprint);
+                self.state.metrics.certificate_expiry(loaded.not_after);
+                self.state.metrics.reload(ReloadKind::Certificate, true);
+                tracing::info!(cert = %files.cert.display(), not_after = loaded.not_after, "serving certificate reloaded");
+            }
+            Err(error) => {
+                tracked.refused = Some(fingerprint);
+                self.state.metrics.reload(ReloadKind::Certificate, false);
+                tracing::error!(%error, "new certificate is unusable; still serving the previous one");
+            }
+        }
+    }
+
+    fn check_config(&mut self) {
+        let Some((path, tracked, _)) = &mut self.config else {
+            return;
+        };
+        let sources = match crate::load::Sources::read(path) {
+            Ok(sources) => sources,
+            Err(error) => {
+                let fingerprint = error_fingerprint(&error);
+                if tracked.refused != Some(fingerprint) {
+                    tracked.refused = Some(fingerprint);
+                    self.state.metrics.reload(ReloadKind::Config, false);
+                    tracing::error!(%error, "configuration unreadable; keeping the previous one");
+                }
+                return;
+            }
+        };
+        let fingerprint = sources.fingerprint();
+        if !tracked.is_new(fingerprint) {
+            return;
+        }
+        match sources.build(crate::load::own_namespace()) {
+            Ok(injector) => {
+                self.state.injector.store(Arc::new(injector));
+                *tracked = Tracked::new(fingerprint);
+                self.state.metrics.reload(ReloadKind::Config, true);
+                tracing::info!(config = %path.display(), "configuration and templates reloaded");
+            }
+            Err(error) => {
+                tracked.refused = Some(fingerprint);
+                self.state.metrics.reload(ReloadKind::Config, false);
+                tracing::error!(%error, "new configuration is invalid; keeping the previous one");
+            }
+        }
+    }
+}
+
+/// Identifies an error that happened before any bytes could be fingerprinted, so the same
+/// failure is reported once rather than at every tick.
+fn error_fingerprint(error: &crate::config::ConfigError) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(error.to_string().as_bytes()).into()
+}
