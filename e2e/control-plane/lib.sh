@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Shared helpers for up.sh and down.sh; sourced, not run.
+# shellcheck shell=bash
+
+CP_COMPONENTS=(etcd kube-apiserver kube-controller-manager)
+
+cp_log() { printf '[control-plane %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+# Absolute path without requiring it to exist.
+cp_abspath() { realpath -m -- "$1"; }
+
+# True when PID is alive and its command line mentions WORKDIR (guards against pid reuse).
+cp_pid_is_ours() { # pid workdir
+  local pid=$1 workdir=$2 cmdline
+  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+  [[ -r "/proc/$pid/cmdline" ]] || return 1
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ "$cmdline" == *"$workdir/"* ]]
+}
+
+# Pids of etcd/kube-apiserver/kube-controller-manager processes whose command line
+# mentions WORKDIR: a safety net for processes whose pid file was never written.
+cp_stray_pids() { # workdir
+  local workdir=$1 d pid comm
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    [[ "$pid" == "$$" ]] && continue
+    comm=$(cat "$d/comm" 2>/dev/null) || continue
+    case "$comm" in
+      etcd|kube-apiserver|kube-controller*) ;;
+      *) continue ;;
+    esac
+    if cp_pid_is_ours "$pid" "$workdir"; then echo "$pid"; fi
+  done
+}
+
+# Stop one pid: TERM, wait up to 15 s, then KILL.
+cp_stop_pid() { # pid workdir name
+  local pid=$1 workdir=$2 name=$3 i
+  cp_pid_is_ours "$pid" "$workdir" || return 0
+  cp_log "stopping $name (pid $pid)"
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 150; i++)); do
+    cp_pid_is_ours "$pid" "$workdir" || return 0
+    sleep 0.1
+  done
+  cp_log "$name (pid $pid) ignored SIGTERM for 15s; sending SIGKILL"
+  kill -KILL "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do
+    cp_pid_is_ours "$pid" "$workdir" || return 0
+    sleep 0.1
+  done
+  cp_log "WARNING: $name (pid $pid) is still alive"
+  return 1
+}
+
+# Stop everything started for WORKDIR, newest first, then any stray.
+cp_down() { # workdir
+  local workdir=$1 rc=0 name pidfile pid idx
+  for ((idx = ${#CP_COMPONENTS[@]} - 1; idx >= 0; idx--)); do
+    name=${CP_COMPONENTS[idx]}
+    pidfile="$workdir/run/$name.pid"
+    [[ -f "$pidfile" ]] || continue
+    pid=$(<"$pidfile")
+    cp_stop_pid "$pid" "$workdir" "$name" || rc=1
+    rm -f "$pidfile"
+  done
+  for pid in $(cp_stray_pids "$workdir"); do
+    cp_stop_pid "$pid" "$workdir" "stray $(cat "/proc/$pid/comm" 2>/dev/null || echo process)" || rc=1
+  done
+  return "$rc"
+}
