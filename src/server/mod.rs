@@ -1,5 +1,6 @@
 //! The webhook server: TLS for the API server, a plain admin port, reloads, limits, shutdown.
 
+pub mod drain;
 pub mod metrics;
 pub mod reload;
 pub mod routes;
@@ -18,7 +19,6 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -278,16 +278,16 @@ impl Server {
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(20)));
         let builder = Arc::new(builder);
-        let graceful = GracefulShutdown::new();
+        let drain = drain::Drain::new();
         let admin = tokio::spawn(serve_admin(admin_listener, state.clone(), builder.clone()));
         tokio::select! {
-            () = accept_tls(&tls_listener, &acceptor, &state, &builder, &graceful, header_read_timeout) => {}
+            () = accept_tls(&tls_listener, &acceptor, &state, &builder, &drain, header_read_timeout) => {}
             () = shutdown => {}
         }
         state.draining.store(true, Ordering::SeqCst);
         drop(tls_listener);
         tracing::info!("listener closed; draining in-flight requests");
-        match tokio::time::timeout(shutdown_timeout, graceful.shutdown()).await {
+        match tokio::time::timeout(shutdown_timeout, drain.finish()).await {
             Ok(()) => tracing::info!("drained; exiting"),
             Err(_) => {
                 tracing::warn!(timeout = ?shutdown_timeout, "drain timed out; exiting with requests in flight")
@@ -304,7 +304,7 @@ async fn accept_tls(
     acceptor: &TlsAcceptor,
     state: &Arc<State>,
     builder: &Arc<auto::Builder<TokioExecutor>>,
-    graceful: &GracefulShutdown,
+    drain: &drain::Drain,
     handshake_timeout: Duration,
 ) {
     loop {
@@ -319,21 +319,25 @@ async fn accept_tls(
         };
         let _ = tcp.set_nodelay(true);
         let (acceptor, state, builder) = (acceptor.clone(), state.clone(), builder.clone());
-        let watcher = graceful.watcher();
+        let watch = drain.watch();
         tokio::spawn(async move {
             let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
+            let activity = watch.activity();
             let service = hyper::service::service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(routes::webhook(state, req).await) }
+                let request = activity.start();
+                async move {
+                    let response = routes::webhook(state, req).await;
+                    drop(request);
+                    Ok::<_, Infallible>(response)
+                }
             });
-            if let Err(error) = watcher
-                .watch(builder.serve_connection(TokioIo::new(tls), service))
-                .await
-            {
+            let conn = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(error) = watch.serve(conn).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });
