@@ -242,6 +242,8 @@ fn status_value(templates: &[Rendered]) -> String {
 // === Edits ===
 
 /// One change to a pod. Indices refer to `spec.containers` of the pod as it arrived.
+// A handful of edits live for one request; boxing the container would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq)]
 pub enum Edit {
     /// Init containers placed, in this order, before the pod's own.
@@ -646,15 +648,17 @@ mod tests {
     fn host_network_and_windows_are_skipped() {
         let inj = injector();
         let mut p = opted_in();
-        p.spec.as_mut().map(|s| s.host_network = Some(true));
+        if let Some(s) = p.spec.as_mut() {
+            s.host_network = Some(true);
+        }
         assert_eq!(
             decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides"),
             Decision::Skip(SkipReason::HostNetwork)
         );
         let mut p = opted_in();
-        p.spec.as_mut().map(|s| {
-            s.node_selector = Some([("kubernetes.io/os".into(), "windows".into())].into())
-        });
+        if let Some(s) = p.spec.as_mut() {
+            s.node_selector = Some([("kubernetes.io/os".into(), "windows".into())].into());
+        }
         assert_eq!(
             decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides"),
             Decision::Skip(SkipReason::Windows)

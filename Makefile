@@ -1,0 +1,36 @@
+# sidecar-injector: the two commands a new user needs are `make run` and `make test`.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+
+.PHONY: run test test-unit test-chart test-e2e lint bench build release help
+
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
+
+run: ## Serve on the embedded default (bundled templates, a development certificate).
+	$(CARGO) run --release -- serve --listen 127.0.0.1:8443 --admin-listen 127.0.0.1:8080
+
+build: ## Debug build.
+	$(CARGO) build
+
+release: ## Release build of the binary.
+	$(CARGO) build --release --bin sidecar-injector
+
+lint: ## Formatting and clippy, warnings as errors.
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --all-targets -- -D warnings
+
+test-unit: ## Unit, golden, property, CLI and server tests.
+	$(CARGO) test
+
+test-chart: ## helm lint, chart snapshots and webhook-field checks, hadolint.
+	bash charts/test.sh
+
+test-e2e: ## The scenarios against a real kube-apiserver + etcd on 127.0.0.1.
+	bash e2e/run.sh
+
+test: lint test-unit test-chart test-e2e ## Everything CI runs.
+
+bench: ## Benchmarks (release; loopback only; about 10 minutes).
+	bash bench/run.sh
