@@ -1,0 +1,183 @@
+{{/* Names and labels. */}}
+{{- define "sidecar-injector.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sidecar-injector.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sidecar-injector.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sidecar-injector.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sidecar-injector.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "sidecar-injector.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "sidecar-injector.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "sidecar-injector.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sidecar-injector.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the in-cluster server (Deployment, Service, ...) is rendered: "true" or "". */}}
+{{- define "sidecar-injector.inCluster" -}}
+{{- if and .Values.deployment.enabled (gt (int .Values.replicaCount) 0) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Name of the Secret holding the serving certificate. */}}
+{{- define "sidecar-injector.tlsSecretName" -}}
+{{- if eq .Values.certificates.mode "existingSecret" -}}
+{{- .Values.certificates.existingSecret.name -}}
+{{- else -}}
+{{- printf "%s-tls" (include "sidecar-injector.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Host names and IPs the serving certificate is valid for, as YAML {dns: [...], ips: [...]}. */}}
+{{- define "sidecar-injector.certSANs" -}}
+{{- $svc := include "sidecar-injector.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $dns := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain) -}}
+{{- $ips := list -}}
+{{- with .Values.webhook.url -}}
+{{- $host := (urlParse .).host | regexFind "^[^:]+" -}}
+{{- if regexMatch "^[0-9]+(\\.[0-9]+){3}$" $host -}}
+{{- $ips = append $ips $host -}}
+{{- else if $host -}}
+{{- $dns = append $dns $host -}}
+{{- end -}}
+{{- end -}}
+{{- dict "dns" $dns "ips" $ips | toYaml -}}
+{{- end -}}
+
+{{/*
+The chart-made CA and serving certificate (certificates.mode=selfSigned), as base64 strings in
+.Values.__selfSigned {ca, crt, key}. Made once per render and shared by the Secret and both
+webhook configurations; on upgrade the existing Secret is reused (lookup), so the caBundle does
+not change on every upgrade. `helm template` has no cluster: lookup is empty and new
+certificates are made on every run.
+*/}}
+{{- define "sidecar-injector.selfSigned" -}}
+{{- if not (hasKey .Values "__selfSigned") -}}
+{{- $name := include "sidecar-injector.tlsSecretName" . -}}
+{{- $existing := lookup "v1" "Secret" .Release.Namespace $name -}}
+{{- $data := dig "data" (dict) $existing -}}
+{{- if and (hasKey $data "ca.crt") (hasKey $data "tls.crt") (hasKey $data "tls.key") -}}
+{{- $_ := set .Values "__selfSigned" (dict "ca" (index $data "ca.crt") "crt" (index $data "tls.crt") "key" (index $data "tls.key")) -}}
+{{- else -}}
+{{- $days := int .Values.certificates.selfSigned.validityDays -}}
+{{- $sans := include "sidecar-injector.certSANs" . | fromYaml -}}
+{{- $ca := genCA (printf "%s-ca" (include "sidecar-injector.fullname" .)) $days -}}
+{{- $cn := printf "%s.%s.svc" (include "sidecar-injector.fullname" .) .Release.Namespace -}}
+{{- $cert := genSignedCert $cn $sans.ips $sans.dns $days $ca -}}
+{{- $_ := set .Values "__selfSigned" (dict "ca" ($ca.Cert | b64enc) "crt" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* base64 CA bundle for clientConfig.caBundle; empty when cert-manager injects it. */}}
+{{- define "sidecar-injector.caBundle" -}}
+{{- $mode := .Values.certificates.mode -}}
+{{- if eq $mode "selfSigned" -}}
+{{- include "sidecar-injector.selfSigned" . -}}
+{{- .Values.__selfSigned.ca -}}
+{{- else if eq $mode "existingSecret" -}}
+{{- $bundle := .Values.certificates.existingSecret.caBundle -}}
+{{- if contains "-----BEGIN" $bundle -}}
+{{- $bundle | b64enc -}}
+{{- else -}}
+{{- $bundle | nospace -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Namespaces the webhooks never see: the system ones, the release's own, config.excludedNamespaces. */}}
+{{- define "sidecar-injector.excludedNamespaces" -}}
+{{- $ns := concat (list "kube-system" "kube-public" "kube-node-lease" .Release.Namespace) .Values.config.excludedNamespaces -}}
+{{- $ns | uniq | toYaml -}}
+{{- end -}}
+
+{{/*
+The templates the ConfigMap carries, as JSON {NAME.yaml.j2: source} (JSON: toYaml would cut the
+last template's final newline): the repository's templates/
+folder (files/templates links to it) and then values.extraTemplates, which may replace them.
+*/}}
+{{- define "sidecar-injector.templateFiles" -}}
+{{- $files := dict -}}
+{{- range $path, $_ := .Files.Glob "files/templates/*.yaml.j2" -}}
+{{- $_ := set $files (base $path) ($.Files.Get $path) -}}
+{{- end -}}
+{{- range $name, $source := .Values.extraTemplates -}}
+{{- $_ := set $files (printf "%s.yaml.j2" $name) $source -}}
+{{- end -}}
+{{- $files | toJson -}}
+{{- end -}}
+
+{{/*
+"true" when Windows pods can be filtered out before they reach the server: skip.windows is on
+and no default template may set supportsWindows to anything but false. (A pod that names its
+templates still goes to the server, which decides per template.)
+*/}}
+{{- define "sidecar-injector.skipWindowsEarly" -}}
+{{- if .Values.config.skip.windows -}}
+{{- $files := include "sidecar-injector.templateFiles" . | fromJson -}}
+{{- $supports := false -}}
+{{- range .Values.config.defaultTemplates -}}
+{{- range regexFindAll "(?m)^[ \\t]*supportsWindows:.*$" (get $files (printf "%s.yaml.j2" .)) -1 -}}
+{{- if not (regexMatch "^supportsWindows:[ \\t]*false[ \\t]*(#.*)?$" (trim .)) -}}
+{{- $supports = true -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if not $supports -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Checks that values the schema cannot express. Included by the ConfigMap, always rendered. */}}
+{{- define "sidecar-injector.checks" -}}
+{{- if and (not (include "sidecar-injector.inCluster" .)) (not .Values.webhook.url) -}}
+{{- fail "replicaCount is 0 or deployment.enabled is false, but webhook.url is empty: nothing would answer the webhooks. Set webhook.url to the out-of-cluster server, or run the server in the cluster." -}}
+{{- end -}}
+{{- if eq .Values.certificates.mode "existingSecret" -}}
+{{- if and (include "sidecar-injector.inCluster" .) (not .Values.certificates.existingSecret.name) -}}
+{{- fail "certificates.mode=existingSecret needs certificates.existingSecret.name: the kubernetes.io/tls Secret the server serves with." -}}
+{{- end -}}
+{{- if and (not .Values.webhook.url) (not .Values.certificates.existingSecret.caBundle) -}}
+{{- fail "certificates.mode=existingSecret needs certificates.existingSecret.caBundle: the CA the apiserver verifies the server's certificate with." -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.webhook.matchConditions.enabled (semverCompare "<1.28.0-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "webhook.matchConditions.enabled needs Kubernetes 1.28 or newer (this is %s): set webhook.matchConditions.enabled=false." .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- $files := include "sidecar-injector.templateFiles" . | fromJson -}}
+{{- range .Values.config.defaultTemplates -}}
+{{- if not (hasKey $files (printf "%s.yaml.j2" .)) -}}
+{{- fail (printf "config.defaultTemplates names %q, but there is no such template (known: %s). Add it to extraTemplates or remove it." . (keys $files | sortAlpha | join ", " | replace ".yaml.j2" "")) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,87 @@
+{{/*
+The fields the mutating and the validating webhook share. One definition, so both see exactly
+the same requests: a pod the injector skips is also a pod the validator skips.
+Called with (dict "root" $ "path" "/mutate").
+*/}}
+{{- define "sidecar-injector.webhook.common" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+# The server answers in the version it is asked in; apiservers send the first one they know,
+# and every supported apiserver knows v1. v1beta1 is kept for old ones.
+admissionReviewVersions: ["v1", "v1beta1"]
+clientConfig:
+  {{- if $v.webhook.url }}
+  # webhook.url is set: the server runs outside the cluster and is dialled directly.
+  url: {{ printf "%s%s" (trimSuffix "/" $v.webhook.url) .path | quote }}
+  {{- else }}
+  # The chart's Service; the serving certificate is valid for <service>.<namespace>.svc.
+  service:
+    name: {{ include "sidecar-injector.fullname" $root }}
+    namespace: {{ $root.Release.Namespace }}
+    # One server, two paths: /mutate injects, /validate checks.
+    path: {{ .path }}
+    port: {{ $v.service.port }}
+  {{- end }}
+  {{- with include "sidecar-injector.caBundle" $root }}
+  # The CA that signed the serving certificate (certificates.mode={{ $v.certificates.mode }}).
+  caBundle: {{ . }}
+  {{- else }}
+  {{- if eq $v.certificates.mode "certManager" }}
+  # No caBundle here: cert-manager's cainjector writes it (see the inject-ca-from annotation).
+  {{- else }}
+  # No caBundle: the URL's certificate is verified against the apiserver's system roots.
+  {{- end }}
+  {{- end }}
+# Equivalent: a pod sent through any API version that maps to core/v1 pods is still seen,
+# converted to v1 (the only version the server decodes).
+matchPolicy: Equivalent
+# Opt-in only: a pod is sent only when it carries the inject label with the value "true". Pods
+# without it never wait on the webhook, so the webhook can never block them.
+objectSelector:
+  matchLabels:
+    {{ $v.config.injectLabel }}: "true"
+# Never in the system namespaces (the control plane must not depend on the injector), nor in
+# the release namespace (the injector must be able to start its own pods while it is down),
+# nor in config.excludedNamespaces (the server would skip them anyway), nor in namespaces
+# labelled {{ $v.webhook.disabledLabel }}=true (an opt-out for a whole namespace).
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- include "sidecar-injector.excludedNamespaces" $root | nindent 8 }}
+    - key: {{ $v.webhook.disabledLabel }}
+      operator: NotIn
+      values: ["true"]
+# None: the server only reads the review and answers; it writes nothing anywhere, so dry-run
+# requests (kubectl apply --dry-run=server) are sent to it as well.
+sideEffects: None
+# Short: a pod create waits on this call. Past it the failurePolicy decides.
+timeoutSeconds: {{ $v.webhook.timeoutSeconds }}
+{{- if $v.webhook.matchConditions.enabled }}
+{{- $skipWindows := include "sidecar-injector.skipWindowsEarly" $root }}
+{{- if or $v.config.skip.hostNetwork $skipWindows }}
+# Pods the server would skip anyway are kept from leaving the apiserver: less latency, and
+# they are never blocked by an unreachable server. Both webhooks carry the same conditions.
+# They never look at dryRun or the user, only at the pod.
+matchConditions:
+  {{- if $v.config.skip.hostNetwork }}
+  # config.skip.hostNetwork: the server skips hostNetwork pods.
+  - name: not-host-network
+    expression: "!(has(object.spec.hostNetwork) && object.spec.hostNetwork)"
+  {{- end }}
+  {{- if $skipWindows }}
+  # config.skip.windows, and no default template supports Windows: the server skips Windows
+  # pods (spec.os.name or the kubernetes.io/os node selector) that use the default templates.
+  # A pod naming its own templates goes to the server, which decides per template.
+  - name: not-windows-with-default-templates
+    expression: >-
+      !(((has(object.spec.os) && object.spec.os.name == 'windows')
+      || (has(object.spec.nodeSelector) && 'kubernetes.io/os' in object.spec.nodeSelector
+      && object.spec.nodeSelector['kubernetes.io/os'] == 'windows'))
+      && !(has(object.metadata.annotations)
+      && {{ $v.config.templatesAnnotation | squote }} in object.metadata.annotations))
+  {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}

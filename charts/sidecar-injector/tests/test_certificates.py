@@ -1,0 +1,97 @@
+"""The three ways to get a serving certificate."""
+
+import base64
+import shutil
+import subprocess
+
+import pytest
+
+from chart import NAMESPACE, render, render_error
+
+SERVICE_DNS = f"sidecar-injector.{NAMESPACE}.svc"
+
+
+def test_self_signed(helm):
+    r = render(helm=helm)
+    secret = r.one("Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    # One CA for the Secret and both webhooks, made once per render.
+    assert r.mutating["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    assert r.validating["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    assert not {"Certificate", "Issuer"} & set(r.kinds())
+
+
+def openssl(*args, stdin=None):
+    return subprocess.run(["openssl", *args], input=stdin, capture_output=True, text=True,
+                          check=True).stdout
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="no openssl")
+def test_self_signed_certificate_is_valid_for_the_service(tmp_path):
+    r = render("webhook.url=https://127.0.0.1:9443")
+    data = {k: base64.b64decode(v).decode() for k, v in r.one("Secret")["data"].items()}
+    (tmp_path / "ca.crt").write_text(data["ca.crt"])
+    (tmp_path / "tls.crt").write_text(data["tls.crt"])
+    assert ": OK" in openssl("verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt"))
+    sans = openssl("x509", "-noout", "-ext", "subjectAltName", "-in", str(tmp_path / "tls.crt"))
+    assert f"DNS:{SERVICE_DNS}" in sans
+    assert "IP Address:127.0.0.1" in sans  # the webhook.url host
+    # The key belongs to the certificate.
+    key_pub = openssl("pkey", "-pubout", stdin=data["tls.key"])
+    cert_pub = openssl("x509", "-noout", "-pubkey", "-in", str(tmp_path / "tls.crt"))
+    assert key_pub == cert_pub
+
+
+def test_cert_manager(helm):
+    r = render("certificates.mode=certManager", helm=helm)
+    assert "Secret" not in r.kinds()
+    issuers = {i["metadata"]["name"]: i["spec"] for i in r.all("Issuer")}
+    assert issuers["sidecar-injector-selfsigned"] == {"selfSigned": {}}
+    assert issuers["sidecar-injector-ca"] == {"ca": {"secretName": "sidecar-injector-ca"}}
+    ca = r.one("Certificate", "sidecar-injector-ca")["spec"]
+    assert ca["isCA"] is True and ca["issuerRef"]["name"] == "sidecar-injector-selfsigned"
+    serving = r.one("Certificate", "sidecar-injector-serving")["spec"]
+    assert serving["issuerRef"]["name"] == "sidecar-injector-ca"
+    assert SERVICE_DNS in serving["dnsNames"]
+    volumes = {v["name"]: v for v in r.pod_spec["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == serving["secretName"]
+
+
+def test_cert_manager_with_own_issuer():
+    r = render(values={"certificates": {"mode": "certManager", "certManager": {
+        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}}}})
+    assert "Issuer" not in r.kinds()
+    (certificate,) = r.all("Certificate")
+    assert certificate["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
+                                                "group": "cert-manager.io"}
+
+
+PEM = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+
+
+def test_existing_secret(helm):
+    r = render(values={"certificates": {"mode": "existingSecret",
+                                        "existingSecret": {"name": "mine", "caBundle": PEM}}}, helm=helm)
+    assert not {"Secret", "Certificate", "Issuer"} & set(r.kinds())
+    volumes = {v["name"]: v for v in r.pod_spec["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "mine"
+    # PEM is accepted and encoded; base64 is passed through.
+    assert base64.b64decode(r.mutating["clientConfig"]["caBundle"]).decode() == PEM
+    encoded = base64.b64encode(PEM.encode()).decode()
+    r = render(values={"certificates": {"mode": "existingSecret",
+                                        "existingSecret": {"name": "mine", "caBundle": encoded}}}, helm=helm)
+    assert r.validating["clientConfig"]["caBundle"] == encoded
+
+
+def test_existing_secret_needs_name_and_ca(helm):
+    assert "existingSecret.name" in render_error(
+        "certificates.mode=existingSecret", "certificates.existingSecret.caBundle=eA==", helm=helm)
+    assert "existingSecret.caBundle" in render_error(
+        "certificates.mode=existingSecret", "certificates.existingSecret.name=x", helm=helm)
+
+
+def test_url_with_a_public_certificate_needs_no_ca_bundle():
+    r = render("certificates.mode=existingSecret", "webhook.url=https://injector.example.com",
+               "deployment.enabled=false")
+    assert r.mutating["clientConfig"] == {"url": "https://injector.example.com/mutate"}
