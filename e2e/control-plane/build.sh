@@ -67,8 +67,13 @@ if binaries_present; then
   echo "$BIN_DIR"
   exit 0
 fi
+# Binaries of an earlier complete build of the same versions are kept (e.g. when only
+# kubectl is added); anything else is rebuilt.
+PREV_COMPLETE=0
+if [[ -f "$MARKER" ]]; then PREV_COMPLETE=1; fi
 rm -f "$MARKER"
 mkdir -p "$BIN_DIR" "$WRAP_DIR"
+keep() { ((PREV_COMPLETE)) && [[ -x "$BIN_DIR/$1" ]]; }
 
 export CGO_ENABLED=0 GOTOOLCHAIN="${GOTOOLCHAIN:-local}" GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 START=$(date +%s)
@@ -101,7 +106,7 @@ mkdir -p "$KW"
   echo "module sidecar-injector.local/e2e/kubernetes-wrapper"
   echo
   echo "$K8S_GO_LINE"
-  [[ -n "$K8S_GODEBUG" ]] && { echo; echo "$K8S_GODEBUG"; }
+  if [[ -n "$K8S_GODEBUG" ]]; then echo; echo "$K8S_GODEBUG"; fi
   echo
   echo "require k8s.io/kubernetes $K8S_VERSION"
   echo
@@ -110,7 +115,7 @@ mkdir -p "$KW"
   echo ")"
 } >"$KW/go.mod"
 K8S_CMDS=(kube-apiserver kube-controller-manager)
-[[ "$BUILD_KUBECTL" == 1 ]] && K8S_CMDS+=(kubectl)
+if [[ "$BUILD_KUBECTL" == 1 ]]; then K8S_CMDS+=(kubectl); fi
 {
   echo "//go:build tools"
   echo
@@ -133,10 +138,11 @@ K8S_LDFLAGS="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   K8S_LDFLAGS+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=$K8S_MAJOR -X $pkg.gitMinor=$K8S_MINOR"
   K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=$BUILD_DATE"
-  [[ -n "$K8S_COMMIT" ]] && K8S_LDFLAGS+=" -X $pkg.gitCommit=$K8S_COMMIT"
+  if [[ -n "$K8S_COMMIT" ]]; then K8S_LDFLAGS+=" -X $pkg.gitCommit=$K8S_COMMIT"; fi
 done
 
 for cmd in "${K8S_CMDS[@]}"; do
+  if keep "$cmd"; then log "keeping $cmd"; continue; fi
   t0=$(date +%s)
   log "go build $cmd"
   (cd "$KW" && go build -mod=mod -p "$GO_BUILD_PARALLEL" -trimpath -tags selinux,notest \
@@ -180,18 +186,28 @@ mkdir -p "$EW"
 } >"$EW/tools.go"
 log "go mod tidy (etcd wrapper)"
 (cd "$EW" && go mod tidy) >&2
-t0=$(date +%s)
-log "go build etcd"
 ETCD_LDFLAGS="-s -w"
-[[ -n "$ETCD_COMMIT" ]] && ETCD_LDFLAGS+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_COMMIT:0:10}"
-(cd "$EW" && go build -mod=mod -p "$GO_BUILD_PARALLEL" -trimpath -ldflags "$ETCD_LDFLAGS" \
-    -o "$BIN_DIR/etcd.tmp" go.etcd.io/etcd/server/v3) >&2
-mv -f "$BIN_DIR/etcd.tmp" "$BIN_DIR/etcd"
-log "built etcd in $(($(date +%s) - t0))s"
+if [[ -n "$ETCD_COMMIT" ]]; then
+  ETCD_LDFLAGS+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=${ETCD_COMMIT:0:10}"
+fi
+if keep etcd; then
+  log "keeping etcd"
+else
+  t0=$(date +%s)
+  log "go build etcd"
+  (cd "$EW" && go build -mod=mod -p "$GO_BUILD_PARALLEL" -trimpath -ldflags "$ETCD_LDFLAGS" \
+      -o "$BIN_DIR/etcd.tmp" go.etcd.io/etcd/server/v3) >&2
+  mv -f "$BIN_DIR/etcd.tmp" "$BIN_DIR/etcd"
+  log "built etcd in $(($(date +%s) - t0))s"
+fi
 
 # -------------------------------------------------------------------- verify
 got=$("$BIN_DIR/kube-apiserver" --version 2>&1)
 [[ "$got" == "Kubernetes $K8S_VERSION" ]] || die "kube-apiserver --version says '$got', want 'Kubernetes $K8S_VERSION'"
+if [[ -x "$BIN_DIR/kubectl" ]]; then
+  got=$("$BIN_DIR/kubectl" version --client 2>&1 | head -n1)
+  [[ "$got" == "Client Version: $K8S_VERSION" ]] || die "kubectl version --client says '$got'"
+fi
 got=$("$BIN_DIR/etcd" --version 2>&1 | head -n1)
 [[ "$got" == "etcd Version: ${ETCD_VERSION#v}" ]] || die "etcd --version says '$got'"
 
@@ -202,7 +218,7 @@ ELAPSED=$(($(date +%s) - START))
   echo "etcd=$ETCD_VERSION"
   echo "etcd_commit=${ETCD_COMMIT:-unknown}"
   echo "go=$(go env GOVERSION)"
-  echo "kubectl=$BUILD_KUBECTL"
+  if [[ -x "$BIN_DIR/kubectl" ]]; then echo "kubectl=1"; else echo "kubectl=0"; fi
   echo "build_seconds=$ELAPSED"
   echo "built_at=$BUILD_DATE"
 } >"$MARKER.tmp"

@@ -14,14 +14,14 @@ cp_pid_is_ours() { # pid workdir
   local pid=$1 workdir=$2 cmdline
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   [[ -r "/proc/$pid/cmdline" ]] || return 1
-  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  cmdline=$({ tr '\0' ' ' <"/proc/$pid/cmdline"; } 2>/dev/null) || return 1
   [[ "$cmdline" == *"$workdir/"* ]]
 }
 
-# Pids of etcd/kube-apiserver/kube-controller-manager processes whose command line
+# Pids of processes of one component (default: all three) whose command line
 # mentions WORKDIR: a safety net for processes whose pid file was never written.
-cp_stray_pids() { # workdir
-  local workdir=$1 d pid comm
+cp_stray_pids() { # workdir [component]
+  local workdir=$1 want=${2:-} d pid comm
   for d in /proc/[0-9]*; do
     pid=${d#/proc/}
     [[ "$pid" == "$$" ]] && continue
@@ -30,6 +30,8 @@ cp_stray_pids() { # workdir
       etcd|kube-apiserver|kube-controller*) ;;
       *) continue ;;
     esac
+    # /proc/PID/comm is cut to 15 characters ("kube-controller").
+    [[ -z "$want" || "$want" == "$comm"* ]] || continue
     if cp_pid_is_ours "$pid" "$workdir"; then echo "$pid"; fi
   done
 }
@@ -65,8 +67,11 @@ cp_down() { # workdir
     cp_stop_pid "$pid" "$workdir" "$name" || rc=1
     rm -f "$pidfile"
   done
-  for pid in $(cp_stray_pids "$workdir"); do
-    cp_stop_pid "$pid" "$workdir" "stray $(cat "/proc/$pid/comm" 2>/dev/null || echo process)" || rc=1
+  for ((idx = ${#CP_COMPONENTS[@]} - 1; idx >= 0; idx--)); do
+    name=${CP_COMPONENTS[idx]}
+    for pid in $(cp_stray_pids "$workdir" "$name"); do
+      cp_stop_pid "$pid" "$workdir" "stray $name" || rc=1
+    done
   done
   return "$rc"
 }

@@ -46,7 +46,8 @@ if [[ -n "$(cp_stray_pids "$WORKDIR")" ]]; then
   cp_log "ERROR: control-plane processes for $WORKDIR already running; run down.sh $WORKDIR first"
   exit 1
 fi
-rm -rf "$WORKDIR/etcd-data" "$WORKDIR"/run/*.pid
+# A fresh cluster each time: no old data, pid files, logs or audit log.
+rm -rf "$WORKDIR/etcd-data" "$WORKDIR"/run/*.pid "$WORKDIR"/logs/*.log "$WORKDIR"/audit*.log
 mkdir -p "$WORKDIR/etcd-data"
 chmod 700 "$WORKDIR/etcd-data"
 
@@ -56,7 +57,7 @@ PKI="$WORKDIR/pki"
 dump_logs() {
   local f
   for f in "$LOGS"/*.log; do
-    [[ -f "$f" ]] || continue
+    [[ -f "$f" && "$f" != */openssl.log ]] || continue
     echo "----- last 40 lines of $f -----" >&2
     tail -n 40 "$f" >&2 || true
   done
@@ -100,7 +101,10 @@ APISERVER_URL="https://127.0.0.1:$APISERVER_PORT"
 
 # -------------------------------------------------------------------- pki
 cp_log "generating certificates in $PKI"
-ossl() { openssl "$@" 2>>"$LOGS/openssl.log" || die "openssl $1 failed (see $LOGS/openssl.log)"; }
+: >"$LOGS/openssl.log"
+ossl() {
+  openssl "$@" >>"$LOGS/openssl.log" 2>&1 || { tail -n 20 "$LOGS/openssl.log" >&2; die "openssl $1 failed"; }
+}
 new_ca() { # name CN
   ossl req -x509 -newkey rsa:2048 -nodes -days 3650 -sha256 \
     -keyout "$PKI/$1.key" -out "$PKI/$1.crt" -subj "/CN=$2" \
