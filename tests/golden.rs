@@ -1,0 +1,606 @@
+//! Golden files for the engine. Every file under `tests/inputs/{inject,skip,deny}/` is answered
+//! by [`review::answer`], the function the server and `sidecar-injector review` both call, and
+//! the decoded answer is a snapshot, so a reviewer sees every behaviour change as a diff.
+//!
+//! Inputs are AdmissionReview JSON (v1 or v1beta1) as the API server sends it, or a pod as YAML,
+//! which is sent as a v1 CREATE review. The file name picks the few things a review cannot say:
+//! - `deny/mutate-*`: answered by the mutating webhook (all other `deny/` files: the validator);
+//! - `warn-mode-*`: the default configuration with `validation.mode: warn`;
+//! - `tilde-*`: a configuration whose keys contain `/` and `~` (see [`tilde_injector`]).
+//!
+//! Every injector runs as if deployed in the namespace `sidecar-injector`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
+use sidecar_injector::inject::{Decision, PodFacts, decide, plan_edits};
+use sidecar_injector::review::{Outcome, Webhook, answer};
+
+const OWN_NAMESPACE: &str = "sidecar-injector";
+
+// === Injectors ===
+
+fn embedded() -> Injector {
+    Injector::embedded(Some(OWN_NAMESPACE.into())).expect("embedded configuration loads")
+}
+
+fn bundled_templates() -> Vec<(String, String)> {
+    BUNDLED_TEMPLATES
+        .iter()
+        .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+        .collect()
+}
+
+/// Replaces `from` (which must occur) in the default configuration.
+fn default_config_with(edits: &[(&str, &str)]) -> String {
+    let mut config = DEFAULT_CONFIG.to_owned();
+    for (from, to) in edits {
+        assert!(config.contains(from), "default config no longer has {from:?}");
+        config = config.replace(from, to);
+    }
+    config
+}
+
+fn warn_injector() -> Injector {
+    let config = default_config_with(&[("mode: enforce", "mode: warn")]);
+    Injector::from_sources(
+        "warn.yaml",
+        &config,
+        bundled_templates(),
+        Some(OWN_NAMESPACE.into()),
+    )
+    .expect("warn configuration loads")
+}
+
+/// A template whose label and annotation keys need escaping in a JSON pointer.
+const MARKS_TEMPLATE: &str = "labels:\n  marks.example.com/team~owner: platform\nannotations:\n  marks.example.com/note~x/y: \"injected by {{ pod.namespace }}\"\n";
+
+/// The default configuration with a status annotation key holding `/` and `~`, and a third
+/// default template writing a label and an annotation whose keys hold both.
+fn tilde_injector() -> Injector {
+    let config = default_config_with(&[
+        (
+            "statusAnnotation: sidecar-injector.io/status",
+            "statusAnnotation: \"sidecar-injector.io/status~v1\"",
+        ),
+        (
+            "defaultTemplates: [log-shipper, proxy]",
+            "defaultTemplates: [log-shipper, proxy, marks]",
+        ),
+    ]);
+    let mut templates = bundled_templates();
+    templates.push(("marks".into(), MARKS_TEMPLATE.into()));
+    Injector::from_sources("tilde.yaml", &config, templates, Some(OWN_NAMESPACE.into()))
+        .expect("tilde configuration loads")
+}
+
+fn file_name(path: &Path) -> &str {
+    path.file_name().and_then(|n| n.to_str()).unwrap_or("")
+}
+
+fn injector_for(path: &Path) -> Injector {
+    let name = file_name(path);
+    if name.starts_with("warn-mode-") {
+        warn_injector()
+    } else if name.starts_with("tilde-") {
+        tilde_injector()
+    } else {
+        embedded()
+    }
+}
+
+// === Reviews ===
+
+/// A stable, UUID-shaped uid for a pod given as YAML, derived from its file name.
+fn uid_for(name: &str) -> String {
+    let hex: String = Sha256::digest(name.as_bytes())
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// A v1 CREATE review of `pod`, as the API server sends it for `kubectl apply`.
+fn create_review(uid: &str, pod: Value) -> Value {
+    let namespace = pod
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+        .to_owned();
+    let name = pod
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let pods = json!({"group": "", "version": "v1", "resource": "pods"});
+    let kind = json!({"group": "", "version": "v1", "kind": "Pod"});
+    json!({
+        "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
+        "request": {
+            "uid": uid,
+            "kind": kind,
+            "resource": pods,
+            "requestKind": kind,
+            "requestResource": pods,
+            "name": name,
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "alice@example.com", "groups": ["system:authenticated"]},
+            "object": pod,
+            "oldObject": null,
+            "dryRun": false,
+            "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+        }
+    })
+}
+
+fn load_review(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).expect("input is readable");
+    let value: Value = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).expect("input is JSON")
+    } else {
+        serde_saphyr::from_str(&text).expect("input is YAML")
+    };
+    if value["kind"] == "AdmissionReview" {
+        value
+    } else {
+        create_review(&uid_for(file_name(path)), value)
+    }
+}
+
+/// The same review with another object, as a reinvocation or the validator would see it.
+fn with_object(review: &Value, object: &Value) -> Value {
+    let mut review = review.clone();
+    review["request"]["object"] = object.clone();
+    review
+}
+
+fn ask(inj: &Injector, webhook: Webhook, review: &Value) -> (Outcome, Value) {
+    let bytes = serde_json::to_vec(review).expect("review serializes");
+    let answer = answer(inj, webhook, &bytes).expect("a review with a uid is always answered");
+    (answer.outcome, decode(&answer.body))
+}
+
+/// The answer as JSON, with the base64 patch decoded into its operations.
+fn decode(body: &[u8]) -> Value {
+    let mut review: Value = serde_json::from_slice(body).expect("the answer is JSON");
+    if let Some(patch) = review.pointer_mut("/response/patch") {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(patch.as_str().expect("the patch is a base64 string"))
+            .expect("the patch is base64");
+        *patch = serde_json::from_slice(&bytes).expect("the patch is JSON");
+    }
+    review
+}
+
+/// The decoded answer's patch applied to the request's object.
+fn patched(request: &Value, decoded: &Value) -> Result<Value, String> {
+    let ops: json_patch::Patch =
+        serde_json::from_value(decoded["response"]["patch"].clone()).map_err(|e| e.to_string())?;
+    let mut object = request["request"]["object"].clone();
+    json_patch::patch(&mut object, &ops).map_err(|e| format!("the patch does not apply: {e}"))?;
+    Ok(object)
+}
+
+// === Checks ===
+
+/// What every answer must satisfy: it is an AdmissionReview in the request's version, for
+/// the request's uid.
+fn check_envelope(request: &Value, decoded: &Value, problems: &mut Vec<String>) {
+    if decoded["apiVersion"] != request["apiVersion"] {
+        problems.push(format!(
+            "answered in {} to a {} review",
+            decoded["apiVersion"], request["apiVersion"]
+        ));
+    }
+    if decoded["kind"] != "AdmissionReview" {
+        problems.push(format!("kind is {}", decoded["kind"]));
+    }
+    if decoded["response"]["uid"] != request["request"]["uid"] {
+        problems.push(format!(
+            "uid {} does not echo the request's {}",
+            decoded["response"]["uid"], request["request"]["uid"]
+        ));
+    }
+}
+
+fn check_no_patch(decoded: &Value, problems: &mut Vec<String>) {
+    let response = &decoded["response"];
+    if response.get("patch").is_some() || response.get("patchType").is_some() {
+        problems.push(format!("unexpected patch: {}", response["patch"]));
+    }
+}
+
+fn check_inject(inj: &Injector, request: &Value, outcome: Outcome, decoded: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    check_envelope(request, decoded, &mut problems);
+    let response = &decoded["response"];
+    if outcome != Outcome::Injected || response["allowed"] != true {
+        problems.push(format!("not injected ({outcome:?}): {response}"));
+        return problems;
+    }
+    if response["patchType"] != "JSONPatch" {
+        problems.push(format!("patchType is {}", response["patchType"]));
+    }
+    if response["auditAnnotations"]["injected"].as_str().is_none() {
+        problems.push("no `injected` audit annotation".into());
+    }
+    let patched = match patched(request, decoded) {
+        Ok(p) => p,
+        Err(e) => {
+            problems.push(e);
+            return problems;
+        }
+    };
+    // Each pointer must name the member it adds: with `/` or `~` unescaped it names another.
+    for op in response["patch"].as_array().into_iter().flatten() {
+        let path = op["path"].as_str().unwrap_or("");
+        if op["op"] != "add" {
+            problems.push(format!("{} at {path}: the injector only adds", op["op"]));
+        }
+        if !path.ends_with("/-") && patched.pointer(path).is_none() {
+            problems.push(format!("{path} names nothing in the patched pod"));
+        }
+        let is_entry = path.starts_with("/metadata/labels/")
+            || path.starts_with("/metadata/annotations/");
+        if is_entry && patched.pointer(path) != Some(&op["value"]) {
+            problems.push(format!("{path} does not hold {}", op["value"]));
+        }
+    }
+    let pod: Pod = match serde_json::from_value(patched.clone()) {
+        Ok(p) => p,
+        Err(e) => {
+            problems.push(format!("the patched pod does not parse: {e}"));
+            return problems;
+        }
+    };
+    let spec = pod.spec.as_ref().expect("a patched pod has a spec");
+    let mut names = BTreeSet::new();
+    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+        if !names.insert(c.name.as_str()) {
+            problems.push(format!("container {:?} is there twice", c.name));
+        }
+    }
+    // The fixed point: the engine asked again about its own output has nothing to add.
+    let namespace = request["request"]["namespace"].as_str();
+    match decide(inj, &PodFacts::new(&pod, namespace)) {
+        Ok(Decision::Inject(plan)) => {
+            let again = plan_edits(inj, &pod, &plan);
+            if !again.is_empty() {
+                problems.push(format!("planning the patched pod again gives {again:?}"));
+            }
+        }
+        other => problems.push(format!("the patched pod is no longer injected: {other:?}")),
+    }
+    let second = with_object(request, &patched);
+    let (outcome, again) = ask(inj, Webhook::Mutate, &second);
+    if outcome != Outcome::Allowed || again["response"].get("patch").is_some() {
+        problems.push(format!(
+            "a reinvocation on the patched pod answers {outcome:?}: {again}"
+        ));
+    }
+    // The companion validator admits what the mutator made, without a word.
+    let (outcome, verdict) = ask(inj, Webhook::Validate, &second);
+    if outcome != Outcome::Allowed
+        || verdict["response"]["allowed"] != true
+        || verdict["response"].get("warnings").is_some()
+    {
+        problems.push(format!(
+            "the validator does not simply admit the patched pod: {verdict}"
+        ));
+    }
+    problems
+}
+
+fn is_opted_in_pod_create(request: &Value) -> bool {
+    let req = &request["request"];
+    req["operation"] == "CREATE"
+        && req["kind"]["kind"] == "Pod"
+        && req["object"]["metadata"]["labels"]["sidecar-injector.io/inject"] == "true"
+}
+
+fn check_skip(request: &Value, mutate: (Outcome, &Value), validate: (Outcome, &Value)) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (webhook, (_, decoded)) in [("mutate", mutate), ("validate", validate)] {
+        check_envelope(request, decoded, &mut problems);
+        check_no_patch(decoded, &mut problems);
+        if decoded["response"]["allowed"] != true {
+            problems.push(format!("{webhook}: not allowed: {}", decoded["response"]));
+        }
+    }
+    let (outcome, decoded) = mutate;
+    let response = &decoded["response"];
+    if is_opted_in_pod_create(request) {
+        // Opted in but skipped by a rule: the person who applied it is told why.
+        let warned = response["warnings"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|w| w.as_str().is_some_and(|w| w.starts_with("sidecar-injector: pod not injected: ")));
+        if outcome != Outcome::Skipped || !warned {
+            problems.push(format!("mutate: opted in, but no skip warning ({outcome:?})"));
+        }
+        if response["auditAnnotations"]["skipped"].as_str().is_none() {
+            problems.push("mutate: no `skipped` audit annotation".into());
+        }
+    } else if outcome != Outcome::Allowed || response.get("warnings").is_some() {
+        // Not asked for (or not a pod creation): nothing to say.
+        problems.push(format!("mutate: expected a silent admission, got {outcome:?}"));
+    }
+    problems
+}
+
+fn check_deny(request: &Value, warn_mode: bool, outcome: Outcome, decoded: &Value) -> Vec<String> {
+    let mut problems = Vec::new();
+    check_envelope(request, decoded, &mut problems);
+    check_no_patch(decoded, &mut problems);
+    let response = &decoded["response"];
+    if warn_mode {
+        let warnings = response["warnings"].as_array().map_or(0, Vec::len);
+        if response["allowed"] != true || outcome != Outcome::Allowed || warnings == 0 {
+            problems.push(format!("warn mode must admit with warnings: {response}"));
+        }
+        return problems;
+    }
+    let code = response["status"]["code"].as_u64().unwrap_or(0);
+    if response["allowed"] != false || outcome != Outcome::Denied {
+        problems.push(format!("not denied ({outcome:?}): {response}"));
+    }
+    if !(400..500).contains(&code) {
+        problems.push(format!("status code {code} is not a 4xx"));
+    }
+    let message = response["status"]["message"].as_str().unwrap_or("");
+    if !message.starts_with("sidecar-injector") {
+        problems.push(format!("message does not say who refused: {message:?}"));
+    }
+    problems
+}
+
+/// Runs `check` over every input of `dir`, snapshotting what it returns; fails once at the end
+/// with every file's problems, so one broken input does not hide the others.
+fn each_input(dir: &str, mut check: impl FnMut(&Path) -> (Value, Vec<String>)) {
+    let mut failures = Vec::new();
+    insta::glob!(&format!("inputs/{dir}/*.{{json,yaml}}"), |path| {
+        let (snapshot, problems) = check(path);
+        for p in &problems {
+            eprintln!("{dir}/{}: {p}", file_name(path));
+            failures.push(format!("{dir}/{}: {p}", file_name(path)));
+        }
+        // Named after the directory: golden__<dir>@<file>.snap.
+        insta::assert_yaml_snapshot!(dir, snapshot);
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+// === Golden tests ===
+
+#[test]
+fn inject() {
+    each_input("inject", |path| {
+        let inj = injector_for(path);
+        let request = load_review(path);
+        let (outcome, decoded) = ask(&inj, Webhook::Mutate, &request);
+        let problems = check_inject(&inj, &request, outcome, &decoded);
+        let patched = patched(&request, &decoded).unwrap_or(Value::Null);
+        (json!({"answer": decoded, "patched": patched}), problems)
+    });
+}
+
+#[test]
+fn skip() {
+    each_input("skip", |path| {
+        let inj = injector_for(path);
+        let request = load_review(path);
+        let (m_outcome, mutate) = ask(&inj, Webhook::Mutate, &request);
+        let (v_outcome, validate) = ask(&inj, Webhook::Validate, &request);
+        let problems = check_skip(&request, (m_outcome, &mutate), (v_outcome, &validate));
+        (json!({"mutate": mutate, "validate": validate}), problems)
+    });
+}
+
+#[test]
+fn deny() {
+    each_input("deny", |path| {
+        let inj = injector_for(path);
+        let request = load_review(path);
+        let name = file_name(path);
+        let webhook = if name.starts_with("mutate-") {
+            Webhook::Mutate
+        } else {
+            Webhook::Validate
+        };
+        let (outcome, decoded) = ask(&inj, webhook, &request);
+        let problems = check_deny(&request, name.starts_with("warn-mode-"), outcome, &decoded);
+        (decoded, problems)
+    });
+}
+
+/// A snapshot whose input was renamed or deleted is never checked again: refuse it.
+#[test]
+fn every_snapshot_has_its_input() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+    let snapshots = std::fs::read_dir(root.join("snapshots")).expect("tests/snapshots exists");
+    for entry in snapshots {
+        let name = entry.expect("entry").file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix("golden__") else {
+            continue;
+        };
+        let Some((dir, input)) = rest.strip_suffix(".snap").and_then(|r| r.split_once('@')) else {
+            continue;
+        };
+        let input = root.join("inputs").join(dir).join(input);
+        assert!(input.is_file(), "{name} has no input {}", input.display());
+    }
+}
+
+// === Inputs built in code ===
+
+fn env_vars(prefix: &str, n: usize) -> Vec<Value> {
+    (0..n)
+        .map(|i| json!({"name": format!("{prefix}_{i:04}"), "value": format!("value-{i}")}))
+        .collect()
+}
+
+/// Two containers with 2,000 environment variables each: the patch only appends what is
+/// missing, whatever the size of what is there.
+#[test]
+fn two_thousand_env_vars_per_container() {
+    let inj = embedded();
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "settings-heavy",
+            "namespace": "perf",
+            "labels": {"app": "settings-heavy", "sidecar-injector.io/inject": "true"}
+        },
+        "spec": {
+            "containers": [
+                {"name": "app", "image": "registry.example.com/app:1", "env": env_vars("APP", 2000)},
+                {"name": "worker", "image": "registry.example.com/worker:1", "env": env_vars("WORKER", 2000)}
+            ]
+        }
+    });
+    let request = create_review("0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0", pod);
+    let (outcome, decoded) = ask(&inj, Webhook::Mutate, &request);
+    let problems = check_inject(&inj, &request, outcome, &decoded);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    let patched = patched(&request, &decoded).expect("patch applies");
+    for (i, prefix) in [(0, "APP"), (1, "WORKER")] {
+        let env = patched["spec"]["containers"][i]["env"]
+            .as_array()
+            .expect("env");
+        let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+        assert_eq!(names.len(), 2002, "container {i}");
+        assert_eq!(names[0], format!("{prefix}_0000"));
+        assert_eq!(names[1999], format!("{prefix}_1999"));
+        assert_eq!(&names[2000..], ["APP_LOG_DIR", "SIDECAR_PROXY_PORT"]);
+    }
+    // The answer names only the additions, so it is small enough to read whole.
+    insta::assert_yaml_snapshot!(decoded);
+}
+
+/// The pointers into maps escape `/` as `~1` and `~` as `~0` (RFC 6901), by construction.
+#[test]
+fn pointers_escape_slash_and_tilde() {
+    let inj = tilde_injector();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs/inject/tilde-and-slash-keys.yaml");
+    let (_, decoded) = ask(&inj, Webhook::Mutate, &load_review(&path));
+    let paths: Vec<&str> = decoded["response"]["patch"]
+        .as_array()
+        .expect("a patch")
+        .iter()
+        .filter_map(|op| op["path"].as_str())
+        .collect();
+    for expected in [
+        "/metadata/annotations/sidecar-injector.io~1status~0v1",
+        "/metadata/annotations/marks.example.com~1note~0x~1y",
+        "/metadata/labels/marks.example.com~1team~0owner",
+        "/metadata/annotations/sidecar-injector.io~1proxy-port",
+    ] {
+        assert!(paths.contains(&expected), "{expected} not in {paths:#?}");
+    }
+}
+
+// === Known problems ===
+
+/// What the API server's ServiceAccount admission plugin does to a pod, and does again after a
+/// webhook changed it (in-tree mutating plugins are re-run then): it mounts the token volume
+/// into every container and init container that lacks it, the injected sidecars included.
+fn mount_service_account_token(pod: &mut Value) {
+    let mount = json!({
+        "name": "kube-api-access-x7k2p",
+        "readOnly": true,
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"
+    });
+    for list in ["containers", "initContainers"] {
+        for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            let mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+            if !mounts.iter().any(|m| m["mountPath"] == mount["mountPath"]) {
+                let mut mounts = mounts;
+                mounts.push(mount.clone());
+                c["volumeMounts"] = Value::Array(mounts);
+            }
+        }
+    }
+}
+
+/// A pod as it is stored after injection in a cluster that automounts service account tokens
+/// (the default) must pass the validator: the token mount on a sidecar is not a change made by
+/// a person, and denying it refuses every injected pod.
+#[test]
+fn the_service_account_token_mount_on_sidecars_is_not_a_finding() {
+    let inj = embedded();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs/inject/pod-v1.json");
+    let request = load_review(&path);
+    let (_, decoded) = ask(&inj, Webhook::Mutate, &request);
+    let mut stored = patched(&request, &decoded).expect("patch applies");
+    mount_service_account_token(&mut stored);
+    let (outcome, verdict) = ask(&inj, Webhook::Validate, &with_object(&request, &stored));
+    assert_eq!(outcome, Outcome::Allowed, "{verdict:#}");
+    assert_eq!(verdict["response"].get("warnings"), None, "{verdict:#}");
+}
+
+fn proxy_of(patched: &Value) -> Value {
+    patched["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "proxy")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn simple_pod(namespace: &str, service_account: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "namespace": namespace, "labels": {"sidecar-injector.io/inject": "true"}},
+        "spec": {
+            "serviceAccountName": service_account,
+            "containers": [{"name": "web", "image": "nginx:1.27"}]
+        }
+    })
+}
+
+/// `null` is a valid namespace name (a DNS label). The bundled proxy template writes the
+/// namespace as a bare YAML scalar, which then reads as YAML null, not as the string "null".
+#[test]
+fn a_namespace_named_null_is_injected() {
+    let inj = embedded();
+    let request = create_review("5e4d3c2b-1a09-4f8e-9d7c-6b5a4f3e2d1c", simple_pod("null", "default"));
+    let (outcome, decoded) = ask(&inj, Webhook::Mutate, &request);
+    assert_eq!(outcome, Outcome::Injected, "{decoded:#}");
+    let patched = patched(&request, &decoded).expect("patch applies");
+    assert_eq!(proxy_of(&patched)["args"][1], "null", "{patched:#}");
+}
+
+/// `null` is a valid service account name; the proxy must see it, not an unset variable.
+#[test]
+fn a_service_account_named_null_reaches_the_proxy() {
+    let inj = embedded();
+    let request = create_review("6f5e4d3c-2b1a-4098-8e7d-7c6b5a4f3e2d", simple_pod("shop", "null"));
+    let (outcome, decoded) = ask(&inj, Webhook::Mutate, &request);
+    assert_eq!(outcome, Outcome::Injected, "{decoded:#}");
+    let patched = patched(&request, &decoded).expect("patch applies");
+    assert_eq!(
+        proxy_of(&patched)["env"],
+        json!([{"name": "SERVICE_ACCOUNT", "value": "null"}]),
+        "{patched:#}"
+    );
+}
