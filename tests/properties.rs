@@ -1,0 +1,620 @@
+//! Properties the engine must always hold, over arbitrary pods:
+//! 1. injection is a fixed point: planning the injected pod again gives no edits, and the
+//!    webhook answers it without a patch;
+//! 2. the JSONPatch applied to the pod's JSON equals the typed edits applied to the pod;
+//! 3. the validator admits whatever the mutator produced, and refuses an injected pod that lost
+//!    a sidecar or had a sidecar's image changed;
+//! 4. `review::answer` never panics, and answers with JSON or an error, whatever the bytes.
+
+use std::collections::BTreeSet;
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::Pod;
+use proptest::prelude::*;
+use proptest::sample::Index;
+use serde_json::{Map, Value, json};
+use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
+use sidecar_injector::inject::{Decision, Edit, PodFacts, apply, decide, plan_edits, to_patch};
+use sidecar_injector::review::{Webhook, answer};
+
+const OWN_NAMESPACE: &str = "sidecar-injector";
+const SIDECARS: [&str; 2] = ["log-shipper", "proxy"];
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: 256,
+        ..ProptestConfig::default()
+    }
+}
+
+// === Injectors ===
+
+fn embedded() -> Injector {
+    Injector::embedded(Some(OWN_NAMESPACE.into())).expect("embedded configuration loads")
+}
+
+/// A template that exercises the edits the bundled ones never make (labels, image pull
+/// secrets), with keys that need escaping in a JSON pointer.
+const MARKS_TEMPLATE: &str = "labels:\n  marks.example.com/team~owner: platform\nannotations:\n  marks.example.com/note~x/y: \"{{ pod.namespace }}\"\nimagePullSecrets:\n  - name: marks-registry\n";
+
+/// The default configuration with a status annotation key holding `/` and `~`, and a third
+/// template that adds labels, annotations and an image pull secret.
+fn marks() -> Injector {
+    let config = DEFAULT_CONFIG
+        .replace(
+            "statusAnnotation: sidecar-injector.io/status",
+            "statusAnnotation: \"sidecar-injector.io/status~v1\"",
+        )
+        .replace(
+            "defaultTemplates: [log-shipper, proxy]",
+            "defaultTemplates: [log-shipper, proxy, marks]",
+        );
+    assert_ne!(config, DEFAULT_CONFIG, "the default configuration changed shape");
+    let mut templates: Vec<(String, String)> = BUNDLED_TEMPLATES
+        .iter()
+        .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+        .collect();
+    templates.push(("marks".into(), MARKS_TEMPLATE.into()));
+    Injector::from_sources("marks.yaml", &config, templates, Some(OWN_NAMESPACE.into()))
+        .expect("marks configuration loads")
+}
+
+thread_local! {
+    static INJECTORS: [Injector; 2] = [embedded(), marks()];
+}
+
+fn with_injector<T>(which: usize, f: impl FnOnce(&Injector) -> T) -> T {
+    INJECTORS.with(|all| f(&all[which % all.len()]))
+}
+
+// === Arbitrary pods ===
+
+/// Map keys as found in the wild, and some that need escaping in a JSON pointer.
+fn key() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z]{1,8}",
+        "[a-z]{1,5}\\.example\\.com/[a-z~]{1,6}",
+        "[a-z~/]{1,6}",
+        Just("~".to_owned()),
+        Just("/".to_owned()),
+        Just("~1".to_owned()),
+        Just("sidecar-injector.io/proxy-port".to_owned()),
+    ]
+}
+
+fn extra_map() -> impl Strategy<Value = Map<String, Value>> {
+    prop::collection::btree_map(key(), "[a-z0-9]{0,6}", 0..4)
+        .prop_map(|m| m.into_iter().map(|(k, v)| (k, Value::String(v))).collect())
+}
+
+fn container_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => Just("app".to_owned()),
+        2 => Just("web".to_owned()),
+        1 => Just("proxy".to_owned()),
+        1 => Just("log-shipper".to_owned()),
+        2 => "[a-z]{1,6}",
+    ]
+}
+
+fn env() -> impl Strategy<Value = Option<Vec<Value>>> {
+    let name = prop_oneof![
+        Just("APP_LOG_DIR".to_owned()),
+        Just("SIDECAR_PROXY_PORT".to_owned()),
+        "[A-Z]{1,5}",
+    ];
+    prop::option::of(prop::collection::vec(
+        (name, "[a-z0-9]{0,4}").prop_map(|(n, v)| json!({"name": n, "value": v})),
+        0..3,
+    ))
+}
+
+fn mounts() -> impl Strategy<Value = Option<Vec<Value>>> {
+    let name = prop_oneof![
+        Just("sidecar-logs".to_owned()),
+        Just("data".to_owned()),
+        "[a-z]{1,5}"
+    ];
+    let path = prop_oneof![
+        Just("/var/log/app".to_owned()),
+        Just("/data".to_owned()),
+        "/[a-z]{1,5}"
+    ];
+    prop::option::of(prop::collection::vec(
+        (name, path).prop_map(|(n, p)| json!({"name": n, "mountPath": p})),
+        0..3,
+    ))
+}
+
+fn container() -> impl Strategy<Value = Value> {
+    (container_name(), "[a-z]{1,6}:[0-9]", env(), mounts()).prop_map(|(name, image, env, mounts)| {
+        let mut c = json!({"name": name, "image": image});
+        if let Some(env) = env {
+            c["env"] = Value::Array(env);
+        }
+        if let Some(mounts) = mounts {
+            c["volumeMounts"] = Value::Array(mounts);
+        }
+        c
+    })
+}
+
+fn volumes() -> impl Strategy<Value = Option<Vec<Value>>> {
+    let name = prop_oneof![Just("sidecar-logs".to_owned()), "[a-z]{1,5}"];
+    prop::option::of(prop::collection::vec(
+        name.prop_map(|n| json!({"name": n, "emptyDir": {}})),
+        0..3,
+    ))
+}
+
+fn labels() -> impl Strategy<Value = Option<Map<String, Value>>> {
+    let inject = prop_oneof![
+        6 => Just(Some("true")),
+        1 => Just(Some("false")),
+        1 => Just(None),
+    ];
+    // Label values as Kubernetes allows them; templates render `app` into their output.
+    let app = prop::option::of("[a-z0-9]([a-z0-9.-]{0,10}[a-z0-9])?");
+    prop::option::of((inject, app, extra_map()).prop_map(|(inject, app, mut m)| {
+        if let Some(v) = inject {
+            m.insert("sidecar-injector.io/inject".into(), v.into());
+        }
+        if let Some(app) = app {
+            m.insert("app".into(), app.into());
+        }
+        m
+    }))
+}
+
+fn annotations() -> impl Strategy<Value = Option<Map<String, Value>>> {
+    let templates = prop::option::of(prop_oneof![
+        Just("proxy"),
+        Just("log-shipper"),
+        Just("log-shipper,proxy"),
+        Just(" proxy , proxy"),
+        Just("marks"),
+        Just(""),
+    ]);
+    let status = prop::option::of(prop_oneof![
+        Just("not json"),
+        Just(r#"{"templates":["log-shipper"],"hash":"0000000000000000"}"#),
+    ]);
+    prop::option::of((templates, status, extra_map()).prop_map(|(t, s, mut m)| {
+        if let Some(t) = t {
+            m.insert("sidecar-injector.io/templates".into(), t.into());
+        }
+        if let Some(s) = s {
+            m.insert("sidecar-injector.io/status".into(), s.into());
+            m.insert("sidecar-injector.io/status~v1".into(), s.into());
+        }
+        m
+    }))
+}
+
+/// An arbitrary pod and the namespace of the request that carries it.
+#[derive(Clone, Debug)]
+struct Case {
+    pod: Value,
+    namespace: String,
+}
+
+fn pod() -> impl Strategy<Value = Case> {
+    let namespace = prop_oneof![
+        6 => Just("default"),
+        4 => Just("shop"),
+        1 => Just("kube-system"),
+        1 => Just(OWN_NAMESPACE),
+    ];
+    let naming = prop_oneof![
+        3 => "[a-z]{1,8}".prop_map(|n| json!({"name": n})),
+        1 => "[a-z]{1,8}-".prop_map(|g| json!({"generateName": g})),
+    ];
+    let spec = (
+        prop::collection::vec(container(), 0..=3),
+        prop::option::of(prop::collection::vec(container(), 0..=2)),
+        volumes(),
+        prop::option::of(prop::collection::vec(
+            "[a-z]{1,5}".prop_map(|n| json!({"name": n})),
+            0..2,
+        )),
+        prop_oneof![6 => Just(None), 1 => Just(Some(true)), 1 => Just(Some(false))],
+        prop_oneof![8 => Just(None), 1 => Just(Some("windows")), 1 => Just(Some("linux"))],
+        prop::option::of(prop_oneof![Just("default"), Just("api"), Just("")]),
+    );
+    (
+        namespace,
+        any::<bool>(),
+        naming,
+        labels(),
+        annotations(),
+        spec,
+    )
+        .prop_map(
+            |(namespace, in_object, naming, labels, annotations, spec)| {
+                let (containers, init, volumes, secrets, host_network, os, sa) = spec;
+                let mut meta = naming;
+                // The API server often leaves metadata.namespace to the request.
+                if in_object {
+                    meta["namespace"] = namespace.into();
+                }
+                if let Some(l) = labels {
+                    meta["labels"] = Value::Object(l);
+                }
+                if let Some(a) = annotations {
+                    meta["annotations"] = Value::Object(a);
+                }
+                let mut spec = json!({"containers": containers});
+                let optional = [
+                    ("initContainers", init.map(Value::Array)),
+                    ("volumes", volumes.map(Value::Array)),
+                    ("imagePullSecrets", secrets.map(Value::Array)),
+                    ("hostNetwork", host_network.map(Value::Bool)),
+                    ("nodeSelector", os.map(|os| json!({"kubernetes.io/os": os}))),
+                    ("serviceAccountName", sa.map(Value::from)),
+                ];
+                for (field, value) in optional {
+                    if let Some(value) = value {
+                        spec[field] = value;
+                    }
+                }
+                Case {
+                    pod: json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}),
+                    namespace: namespace.to_owned(),
+                }
+            },
+        )
+}
+
+// === Helpers ===
+
+fn typed(pod: &Value) -> Pod {
+    serde_json::from_value(pod.clone()).expect("generated pods are pods")
+}
+
+/// The edits for a pod, or None when it is not injected (or asks for a template the
+/// configuration lacks).
+fn edits(inj: &Injector, pod: &Pod, namespace: &str) -> Option<Vec<Edit>> {
+    match decide(inj, &PodFacts::new(pod, Some(namespace))) {
+        Ok(Decision::Inject(plan)) => Some(plan_edits(inj, pod, &plan)),
+        _ => None,
+    }
+}
+
+fn review(operation: &str, namespace: &str, object: &Value, old: Option<&Value>) -> Vec<u8> {
+    let pods = json!({"group": "", "version": "v1", "resource": "pods"});
+    let kind = json!({"group": "", "version": "v1", "kind": "Pod"});
+    let body = json!({
+        "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
+        "request": {
+            "uid": "d0c9a8b7-6e5f-4d3c-8b2a-1f0e9d8c7b6a",
+            "kind": kind,
+            "resource": pods,
+            "namespace": namespace,
+            "operation": operation,
+            "userInfo": {"username": "proptest"},
+            "object": object,
+            "oldObject": old,
+        }
+    });
+    serde_json::to_vec(&body).expect("serializes")
+}
+
+/// The `response` of an answer, its patch decoded.
+fn respond(inj: &Injector, webhook: Webhook, body: &[u8]) -> Value {
+    let answer = answer(inj, webhook, body).expect("a review with a uid is answered");
+    let mut value: Value = serde_json::from_slice(&answer.body).expect("answers are JSON");
+    let mut response = value["response"].take();
+    if let Some(patch) = response.get_mut("patch") {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(patch.as_str().expect("patch is a string"))
+            .expect("patch is base64");
+        *patch = serde_json::from_slice(&bytes).expect("patch is JSON");
+    }
+    response
+}
+
+/// What the API server does with the mutator's answer: the object it goes on with, or None
+/// when the mutator refused.
+fn mutated(inj: &Injector, case: &Case) -> Option<Value> {
+    let response = respond(inj, Webhook::Mutate, &review("CREATE", &case.namespace, &case.pod, None));
+    if response["allowed"] != true {
+        return None;
+    }
+    let mut object = case.pod.clone();
+    if let Some(patch) = response.get("patch") {
+        let patch: json_patch::Patch = serde_json::from_value(patch.clone()).expect("a JSONPatch");
+        json_patch::patch(&mut object, &patch).expect("the mutator's patch applies");
+    }
+    Some(object)
+}
+
+fn names(pod: &Value) -> Vec<String> {
+    ["containers", "initContainers"]
+        .iter()
+        .flat_map(|list| pod["spec"][list].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Whether the pod's own containers have unique names, none of them a sidecar's.
+fn no_collisions(pod: &Value) -> bool {
+    let names = names(pod);
+    let unique: BTreeSet<&String> = names.iter().collect();
+    unique.len() == names.len() && !names.iter().any(|n| SIDECARS.contains(&n.as_str()))
+}
+
+/// The sidecars of an injected pod: (list, index) of each.
+fn sidecars_in(pod: &Value) -> Vec<(&'static str, usize)> {
+    let mut found = Vec::new();
+    for list in ["containers", "initContainers"] {
+        for (i, c) in pod["spec"][list].as_array().into_iter().flatten().enumerate() {
+            if c["name"].as_str().is_some_and(|n| SIDECARS.contains(&n)) {
+                found.push((list, i));
+            }
+        }
+    }
+    found
+}
+
+fn validate(inj: &Injector, namespace: &str, pod: &Value) -> Value {
+    respond(inj, Webhook::Validate, &review("CREATE", namespace, pod, None))
+}
+
+// === 1. Fixed point ===
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn injection_is_a_fixed_point(case in pod(), which in 0usize..2) {
+        with_injector(which, |inj| {
+            let mut pod = typed(&case.pod);
+            let Some(first) = edits(inj, &pod, &case.namespace) else {
+                return Ok(());
+            };
+            apply(&mut pod, &first);
+            let again = edits(inj, &pod, &case.namespace);
+            prop_assert_eq!(again, Some(vec![]), "after {:?}", first);
+
+            let object = serde_json::to_value(&pod).expect("pods serialize");
+            let response = respond(inj, Webhook::Mutate, &review("CREATE", &case.namespace, &object, None));
+            prop_assert_eq!(&response["allowed"], &json!(true));
+            prop_assert!(response.get("patch").is_none(), "{}", response);
+            Ok(())
+        })?;
+    }
+}
+
+// === 2. The patch and the typed edits agree ===
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn patch_equals_apply(case in pod(), which in 0usize..2) {
+        with_injector(which, |inj| {
+            let pod = typed(&case.pod);
+            let Some(edits) = edits(inj, &pod, &case.namespace) else {
+                return Ok(());
+            };
+            let mut applied = pod.clone();
+            apply(&mut applied, &edits);
+
+            let mut json = serde_json::to_value(&pod).expect("pods serialize");
+            let patch = to_patch(&pod, &edits);
+            if let Err(e) = json_patch::patch(&mut json, &patch) {
+                return Err(TestCaseError::fail(format!("{e}: {patch:?}")));
+            }
+            let patched: Pod = serde_json::from_value(json.clone()).expect("a patched pod is a pod");
+            prop_assert_eq!(&patched, &applied);
+            prop_assert_eq!(json, serde_json::to_value(&applied).expect("serializes"));
+
+            // The same holds against the JSON as the API server sent it, absent and empty
+            // arrays as they were.
+            let mut raw = case.pod.clone();
+            json_patch::patch(&mut raw, &patch).expect("applies to the raw pod");
+            prop_assert_eq!(typed(&raw), applied);
+            Ok(())
+        })?;
+    }
+}
+
+// === 3. The validator and the mutator agree ===
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Pods whose own containers do not use a sidecar's name.
+    #[test]
+    fn validator_admits_what_the_mutator_made(case in pod(), which in 0usize..2) {
+        prop_assume!(no_collisions(&case.pod));
+        with_injector(which, |inj| {
+            let Some(object) = mutated(inj, &case) else {
+                return Ok(());
+            };
+            let verdict = validate(inj, &case.namespace, &object);
+            prop_assert_eq!(&verdict["allowed"], &json!(true), "{}\n{:#}", verdict, object);
+            prop_assert!(verdict.get("warnings").is_none(), "{}", verdict);
+            Ok(())
+        })?;
+    }
+
+    /// Any pod, its own containers named like sidecars included: the mutator either refuses
+    /// it or produces a pod the validator admits. It must never hand the validator a pod the
+    /// validator then refuses, with advice ("create the pod with the injector's mutating
+    /// webhook available") that cannot help.
+    #[test]
+    fn validator_admits_what_the_mutator_made_even_with_name_collisions(
+        case in pod(),
+        which in 0usize..2,
+    ) {
+        with_injector(which, |inj| {
+            let Some(object) = mutated(inj, &case) else {
+                return Ok(());
+            };
+            let verdict = validate(inj, &case.namespace, &object);
+            prop_assert_eq!(&verdict["allowed"], &json!(true), "{}\n{:#}", verdict, object);
+            Ok(())
+        })?;
+    }
+
+    #[test]
+    fn validator_refuses_a_lost_or_changed_sidecar(
+        case in pod(),
+        which in 0usize..2,
+        pick in any::<Index>(),
+        remove in any::<bool>(),
+    ) {
+        prop_assume!(no_collisions(&case.pod));
+        with_injector(which, |inj| {
+            let Some(mut object) = mutated(inj, &case) else {
+                return Ok(());
+            };
+            let sidecars = sidecars_in(&object);
+            if sidecars.is_empty() {
+                // Not opted in, or skipped: nothing of the injector's to lose.
+                return Ok(());
+            }
+            let (list, i) = sidecars[pick.index(sidecars.len())];
+            let items = object["spec"][list].as_array_mut().expect("a list");
+            if remove {
+                items.remove(i);
+            } else {
+                items[i]["image"] = "registry.example.com/tampered:1".into();
+            }
+            let verdict = validate(inj, &case.namespace, &object);
+            prop_assert_eq!(&verdict["allowed"], &json!(false), "{}", verdict);
+            prop_assert_eq!(&verdict["status"]["code"], &json!(403), "{}", verdict);
+            Ok(())
+        })?;
+    }
+}
+
+// === 4. Any bytes in, an answer or an error out ===
+
+fn arbitrary_json() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<f64>().prop_map(Value::from),
+        ".{0,12}".prop_map(Value::String),
+        Just(Value::String("admission.k8s.io/v1".into())),
+        Just(Value::String("Pod".into())),
+        Just(Value::String("CREATE".into())),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map(
+                prop_oneof![
+                    ".{0,8}",
+                    Just("apiVersion".to_owned()),
+                    Just("kind".to_owned()),
+                    Just("request".to_owned()),
+                    Just("uid".to_owned()),
+                    Just("object".to_owned()),
+                ],
+                inner,
+                0..6
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+/// Every pointer into `value`, the root included.
+fn pointers(value: &Value, at: String, out: &mut Vec<String>) {
+    match value {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let escaped = k.replace('~', "~0").replace('/', "~1");
+                pointers(v, format!("{at}/{escaped}"), out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                pointers(v, format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+    out.push(at);
+}
+
+/// A well-formed review with one node replaced by arbitrary JSON.
+fn damaged_review() -> impl Strategy<Value = Vec<u8>> {
+    let operation = prop_oneof![
+        Just("CREATE"),
+        Just("UPDATE"),
+        Just("DELETE"),
+        Just("CONNECT"),
+        Just("BOGUS")
+    ];
+    let version = prop_oneof![
+        Just("admission.k8s.io/v1"),
+        Just("admission.k8s.io/v1beta1"),
+        Just("admission.k8s.io/v2")
+    ];
+    (pod(), pod(), operation, version, any::<Index>(), arbitrary_json()).prop_map(
+        |(case, old, operation, version, at, replacement)| {
+            let mut body: Value =
+                serde_json::from_slice(&review(operation, &case.namespace, &case.pod, Some(&old.pod)))
+                    .expect("JSON");
+            body["apiVersion"] = version.into();
+            let mut all = Vec::new();
+            pointers(&body, String::new(), &mut all);
+            let target = &all[at.index(all.len())];
+            match body.pointer_mut(target) {
+                Some(node) => *node = replacement,
+                None => body = replacement,
+            }
+            serde_json::to_vec(&body).expect("JSON")
+        },
+    )
+}
+
+fn check_answers(body: &[u8]) -> Result<(), TestCaseError> {
+    for inj_index in 0..2 {
+        for webhook in [Webhook::Mutate, Webhook::Validate] {
+            let result = with_injector(inj_index, |inj| answer(inj, webhook, body));
+            let Ok(answer) = result else {
+                continue;
+            };
+            let value: Value = match serde_json::from_slice(&answer.body) {
+                Ok(v) => v,
+                Err(e) => return Err(TestCaseError::fail(format!("answer is not JSON: {e}"))),
+            };
+            prop_assert_eq!(&value["kind"], &json!("AdmissionReview"));
+            prop_assert!(value["response"]["uid"].is_string(), "{}", value);
+            prop_assert!(value["response"]["allowed"].is_boolean(), "{}", value);
+            if let Some(patch) = value["response"].get("patch") {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(patch.as_str().unwrap_or("!"))
+                    .map_err(|e| TestCaseError::fail(format!("patch is not base64: {e}")))?;
+                prop_assert!(serde_json::from_slice::<json_patch::Patch>(&bytes).is_ok());
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn any_bytes_are_answered_or_refused(body in prop::collection::vec(any::<u8>(), 0..256)) {
+        check_answers(&body)?;
+    }
+
+    #[test]
+    fn any_json_is_answered_or_refused(value in arbitrary_json()) {
+        check_answers(&serde_json::to_vec(&value).expect("JSON"))?;
+    }
+
+    #[test]
+    fn any_damaged_review_is_answered_or_refused(body in damaged_review()) {
+        check_answers(&body)?;
+    }
+}
