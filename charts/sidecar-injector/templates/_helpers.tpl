@@ -65,8 +65,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $dns := list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.%s" $svc $ns .Values.clusterDomain) -}}
 {{- $ips := list -}}
 {{- with .Values.webhook.url -}}
-{{- $host := (urlParse .).host | regexFind "^[^:]+" -}}
-{{- if regexMatch "^[0-9]+(\\.[0-9]+){3}$" $host -}}
+{{- $hostport := (urlParse .).host -}}
+{{- $host := regexFind "^[^:]+" $hostport -}}
+{{- if hasPrefix "[" $hostport -}}
+{{- $ips = append $ips (regexFind "^\\[[^]]+" $hostport | trimPrefix "[") -}}
+{{- else if regexMatch "^[0-9]+(\\.[0-9]+){3}$" $host -}}
 {{- $ips = append $ips $host -}}
 {{- else if $host -}}
 {{- $dns = append $dns $host -}}

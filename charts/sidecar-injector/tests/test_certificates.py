@@ -95,3 +95,11 @@ def test_url_with_a_public_certificate_needs_no_ca_bundle():
     r = render("certificates.mode=existingSecret", "webhook.url=https://injector.example.com",
                "deployment.enabled=false")
     assert r.mutating["clientConfig"] == {"url": "https://injector.example.com/mutate"}
+
+
+@pytest.mark.skipif(not shutil.which("openssl"), reason="no openssl")
+@pytest.mark.parametrize("url,san", [("https://[::1]:9443", "IP Address:0:0:0:0:0:0:0:1"),
+                                     ("https://injector.example.com", "DNS:injector.example.com")])
+def test_self_signed_certificate_covers_the_url_host(url, san):
+    pem = base64.b64decode(render(f"webhook.url={url}").one("Secret")["data"]["tls.crt"]).decode()
+    assert san in openssl("x509", "-noout", "-ext", "subjectAltName", stdin=pem)
