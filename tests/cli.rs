@@ -1,0 +1,396 @@
+//! The built binary, run as a person or a pipeline runs it: `inject`, `review`, `explain`, and
+//! how it fails.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use serde_json::Value;
+use sidecar_injector::config::Injector;
+use sidecar_injector::manifest::split_documents;
+use sidecar_injector::review::{Webhook, answer};
+
+const OWN_NAMESPACE: &str = "sidecar-injector";
+
+fn input(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs").join(path)
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).expect("input is readable")
+}
+
+/// The binary with a clean environment: no configuration or namespace from the caller.
+fn binary() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sidecar-injector"));
+    cmd.env_remove("SIDECAR_INJECTOR_CONFIG")
+        .env("SIDECAR_INJECTOR_NAMESPACE", OWN_NAMESPACE)
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn run(args: &[&str]) -> Output {
+    binary().args(args).output().expect("the binary runs")
+}
+
+fn run_with_stdin(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = binary()
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(stdin)
+        .expect("stdin is written");
+    child.wait_with_output().expect("the binary exits")
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Exit 0, nothing on stderr.
+fn succeeds(out: &Output) -> &Output {
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "status {}\nstderr: {}",
+        out.status,
+        stderr(out)
+    );
+    out
+}
+
+/// Exit non-zero, nothing on stdout, and an `error:` on stderr that says `mentions`.
+fn fails_saying(out: &Output, mentions: &[&str]) {
+    let err = stderr(out);
+    assert!(!out.status.success(), "exit 0; stdout: {}", stdout(out));
+    assert!(out.stdout.is_empty(), "stdout: {}", stdout(out));
+    assert!(err.starts_with("error: "), "{err}");
+    for m in mentions {
+        assert!(err.contains(m), "{m:?} not in: {err}");
+    }
+}
+
+fn injector() -> Injector {
+    Injector::embedded(Some(OWN_NAMESPACE.into())).expect("embedded configuration loads")
+}
+
+fn yaml(doc: &str) -> Value {
+    serde_saphyr::from_str(doc).expect("output documents are YAML")
+}
+
+fn template_of(doc: &Value) -> &Value {
+    let path = match doc["kind"].as_str() {
+        Some("Pod") => "",
+        Some("CronJob") => "/spec/jobTemplate/spec/template",
+        _ => "/spec/template",
+    };
+    doc.pointer(path).expect("a pod template")
+}
+
+fn without_template(mut doc: Value) -> Value {
+    let path = if doc["kind"] == "CronJob" { "/spec/jobTemplate/spec/template" } else { "/spec/template" };
+    if let Some(t) = doc.pointer_mut(path) {
+        *t = Value::Null;
+    }
+    doc
+}
+
+fn names(template: &Value, list: &str) -> Vec<String> {
+    template["spec"][list]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+// === inject ===
+
+#[test]
+fn inject_every_workload_kind_and_pass_the_rest_through() {
+    let path = input("manifests/workloads.yaml");
+    let text = read(&path);
+    let out = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
+    let injected = stdout(succeeds(&out));
+
+    // The same bytes as the library writes.
+    assert_eq!(
+        injected,
+        sidecar_injector::manifest::inject(&injector(), &text).expect("library injects")
+    );
+
+    let before = split_documents(&text);
+    let after = split_documents(&injected);
+    assert_eq!(before.len(), after.len(), "{injected}");
+    for (i, (old, new)) in before.iter().zip(&after).enumerate() {
+        let doc = yaml(new);
+        let kind = doc["kind"].as_str().unwrap_or("").to_owned();
+        let namespace = doc["metadata"]["namespace"].as_str().unwrap_or("");
+        let untouched = matches!(kind.as_str(), "Service" | "ConfigMap") || namespace == "kube-system";
+        if untouched {
+            // Byte for byte, comments and quoting included (the leading newline after `---`
+            // is the separator's).
+            assert_eq!(old.trim_start_matches('\n'), new.trim_start_matches('\n'), "document {i}");
+            continue;
+        }
+        let template = template_of(&doc);
+        let containers = names(template, "containers");
+        let init = names(template, "initContainers");
+        assert!(containers.iter().any(|n| n == "log-shipper"), "{kind}: {containers:?}");
+        let status = template["metadata"]["annotations"]["sidecar-injector.io/status"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{kind}: no status annotation"));
+        if kind == "ReplicaSet" {
+            // It asks for the log shipper only.
+            assert!(!init.iter().any(|n| n == "proxy"), "{kind}: {init:?}");
+            assert!(status.contains(r#""templates":["log-shipper"]"#), "{status}");
+        } else {
+            assert_eq!(init.first().map(String::as_str), Some("proxy"), "{kind}: {init:?}");
+        }
+        // Everything outside the pod template is kept.
+        if kind != "Pod" {
+            assert_eq!(without_template(doc.clone()), without_template(yaml(old)), "{kind}");
+        }
+    }
+    insta::assert_snapshot!(injected);
+}
+
+#[test]
+fn injecting_the_output_again_changes_nothing() {
+    let path = input("manifests/workloads.yaml");
+    let once = stdout(succeeds(&run(&["inject", "-f", path.to_str().expect("UTF-8 path")])));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let again = dir.path().join("once.yaml");
+    std::fs::write(&again, &once).expect("write");
+    let twice = stdout(succeeds(&run(&["inject", "-f", again.to_str().expect("UTF-8 path")])));
+    assert_eq!(once, twice);
+}
+
+#[test]
+fn inject_reads_standard_input() {
+    let path = input("manifests/workloads.yaml");
+    let from_file = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
+    let from_stdin = run_with_stdin(&["inject", "-f", "-"], read(&path).as_bytes());
+    assert_eq!(stdout(succeeds(&from_stdin)), stdout(succeeds(&from_file)));
+}
+
+// === review ===
+
+/// Every captured review of the golden inputs, answered by both webhooks.
+fn captured_reviews() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for dir in ["inject", "skip", "deny"] {
+        for entry in std::fs::read_dir(input(dir)).expect("inputs") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            // warn-mode and tilde inputs need another configuration than the embedded one.
+            if path.extension().is_some_and(|e| e == "json")
+                && !name.starts_with("warn-mode-")
+                && !name.starts_with("tilde-")
+            {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 10, "{files:?}");
+    files
+}
+
+#[test]
+fn review_prints_exactly_what_the_server_answers() {
+    let inj = injector();
+    for path in captured_reviews() {
+        let body = std::fs::read(&path).expect("readable");
+        for (webhook, flags) in [
+            (Webhook::Mutate, &[][..]),
+            (Webhook::Validate, &["--validate"][..]),
+        ] {
+            let expected = answer(&inj, webhook, &body).expect("answered").body;
+            let mut args = vec!["review", "--request", path.to_str().expect("UTF-8 path")];
+            args.extend(flags);
+            let out = run(&args);
+            // No newline added when stdout is not a terminal: the bytes are the server's.
+            assert_eq!(
+                stdout(succeeds(&out)).as_bytes(),
+                expected.as_slice(),
+                "{} {flags:?}",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn review_reads_standard_input() {
+    let path = input("inject/pod-v1.json");
+    let body = std::fs::read(&path).expect("readable");
+    let out = run_with_stdin(&["review", "--request", "-"], &body);
+    let expected = answer(&injector(), Webhook::Mutate, &body).expect("answered").body;
+    assert_eq!(stdout(succeeds(&out)).as_bytes(), expected.as_slice());
+}
+
+#[test]
+fn review_validate_denies_a_pod_without_its_sidecar() {
+    let path = input("deny/missing-sidecar.json");
+    // A denial is an answer, not a failure of the command.
+    let out = run(&["review", "--validate", "--request", path.to_str().expect("UTF-8 path")]);
+    let answer: Value = serde_json::from_str(&stdout(succeeds(&out))).expect("JSON");
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert_eq!(answer["response"]["status"]["code"], 403, "{answer}");
+    let message = answer["response"]["status"]["message"].as_str().unwrap_or("");
+    assert!(message.contains("\"log-shipper\"") && message.contains("missing"), "{message}");
+
+    // The mutator, asked about the same pod, has nothing to refuse.
+    let out = run(&["review", "--request", path.to_str().expect("UTF-8 path")]);
+    let answer: Value = serde_json::from_str(&stdout(succeeds(&out))).expect("JSON");
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+// === explain ===
+
+#[test]
+fn explain_gives_every_reason() {
+    let reasons = read(&input("manifests/reasons.yaml"));
+    // One more document: a pod the injector already injected.
+    let fresh = "apiVersion: v1\nkind: Pod\nmetadata: {name: done, namespace: shop, labels: {sidecar-injector.io/inject: \"true\"}}\nspec: {containers: [{name: app, image: nginx:1.27}]}\n";
+    let done = sidecar_injector::manifest::inject(&injector(), fresh).expect("injects");
+    let text = format!("{reasons}---\n{done}");
+    let out = run_with_stdin(&["explain", "-f", "-"], text.as_bytes());
+    let report = stdout(succeeds(&out));
+    for expected in [
+        "Pod/not-opted-in: not injected: it does not carry the label sidecar-injector.io/inject=\"true\"",
+        "Pod/system: not injected: opted in, but namespace \"kube-system\" is excluded",
+        "Pod/host: not injected: opted in, but hostNetwork pods are skipped",
+        "Pod/windows: not injected: opted in, but Windows pods are skipped",
+        "Pod/typo: cannot be injected: annotation sidecar-injector.io/templates asks for template \"tracing\", which does not exist",
+        "Pod/fresh: injected with [log-shipper, proxy]; it would get:",
+        "  + init container proxy (docker.io/envoyproxy/envoy:v1.32.3) as a native sidecar",
+        "  + container log-shipper (cr.fluentbit.io/fluent/fluent-bit:3.2.4)",
+        "  + volume sidecar-logs",
+        "  + env APP_LOG_DIR in container #0",
+        "  + annotation sidecar-injector.io/status=",
+        "Pod/done: already injected with [log-shipper, proxy]: nothing to add",
+        "1 other document(s) are not pods or pod templates and pass through unchanged",
+    ] {
+        assert!(report.contains(expected), "{expected:?} not in:\n{report}");
+    }
+}
+
+// === Failures ===
+
+#[test]
+fn invalid_yaml_is_refused() {
+    let bad = "apiVersion: v1\nkind: ConfigMap\n---\nkind: Pod\nmetadata: {name: [unclosed\n";
+    for command in ["inject", "explain"] {
+        let out = run_with_stdin(&[command, "-f", "-"], bad.as_bytes());
+        fails_saying(&out, &["document 2: invalid YAML"]);
+    }
+}
+
+#[test]
+fn a_missing_file_is_refused() {
+    for args in [
+        &["inject", "-f", "/nonexistent/pods.yaml"][..],
+        &["explain", "-f", "/nonexistent/pods.yaml"][..],
+        &["review", "--request", "/nonexistent/pods.yaml"][..],
+    ] {
+        fails_saying(&run(args), &["cannot read /nonexistent/pods.yaml"]);
+    }
+}
+
+#[test]
+fn an_unknown_template_is_refused_by_inject() {
+    let path = input("manifests/reasons.yaml");
+    fails_saying(
+        &run(&["inject", "-f", path.to_str().expect("UTF-8 path")]),
+        &["Pod/typo", "\"tracing\"", "does not exist", "known templates: log-shipper, proxy"],
+    );
+}
+
+#[test]
+fn a_broken_config_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = input("manifests/workloads.yaml");
+    let manifest = manifest.to_str().expect("UTF-8 path");
+
+    let typo = dir.path().join("typo.yaml");
+    std::fs::write(&typo, "injectLable: team.example.com/inject\n").expect("write");
+    let typo = typo.to_str().expect("UTF-8 path");
+    fails_saying(
+        &run(&["inject", "-f", manifest, "--config", typo]),
+        &[typo, "invalid configuration", "injectLable"],
+    );
+
+    let templated = dir.path().join("config.yaml");
+    std::fs::write(&templated, "templatesDir: .\ndefaultTemplates: [agent]\n").expect("write");
+    std::fs::write(
+        dir.path().join("agent.yaml.j2"),
+        "containers:\n  - name: agent\n    image: {{ values.agent.image }\n",
+    )
+    .expect("write");
+    let templated = templated.to_str().expect("UTF-8 path");
+    fails_saying(
+        &run(&["inject", "-f", manifest, "--config", templated]),
+        &["agent.yaml.j2", "line 3"],
+    );
+
+    // The same through the environment, for review and explain too.
+    for args in [
+        &["review", "--request", "-"][..],
+        &["explain", "-f", manifest][..],
+    ] {
+        let out = binary()
+            .args(args)
+            .env("SIDECAR_INJECTOR_CONFIG", typo)
+            .output()
+            .expect("runs");
+        fails_saying(&out, &[typo, "injectLable"]);
+    }
+
+    fails_saying(
+        &run(&["inject", "-f", manifest, "--config", "/nonexistent/config.yaml"]),
+        &["/nonexistent/config.yaml: cannot read"],
+    );
+}
+
+#[test]
+fn an_unreadable_review_is_refused() {
+    for body in [&b"not json"[..], b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\"}"] {
+        let out = run_with_stdin(&["review", "--request", "-"], body);
+        fails_saying(&out, &["AdmissionReview"]);
+    }
+}
+
+/// A config that works, through --config: values reach the templates.
+#[test]
+fn a_config_file_is_used() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        sidecar_injector::config::DEFAULT_CONFIG.replace("fluent-bit:3.2.4", "fluent-bit:9.9.9"),
+    )
+    .expect("write");
+    let manifest = input("manifests/workloads.yaml");
+    let out = run(&[
+        "inject",
+        "-f",
+        manifest.to_str().expect("UTF-8 path"),
+        "--config",
+        config.to_str().expect("UTF-8 path"),
+    ]);
+    let injected = stdout(succeeds(&out));
+    assert!(injected.contains("fluent-bit:9.9.9"), "{injected}");
+    assert!(!injected.contains("fluent-bit:3.2.4"), "{injected}");
+}
