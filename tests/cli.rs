@@ -13,7 +13,9 @@ use sidecar_injector::review::{Webhook, answer};
 const OWN_NAMESPACE: &str = "sidecar-injector";
 
 fn input(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs").join(path)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/inputs")
+        .join(path)
 }
 
 fn read(path: &Path) -> String {
@@ -98,7 +100,11 @@ fn template_of(doc: &Value) -> &Value {
 }
 
 fn without_template(mut doc: Value) -> Value {
-    let path = if doc["kind"] == "CronJob" { "/spec/jobTemplate/spec/template" } else { "/spec/template" };
+    let path = if doc["kind"] == "CronJob" {
+        "/spec/jobTemplate/spec/template"
+    } else {
+        "/spec/template"
+    };
     if let Some(t) = doc.pointer_mut(path) {
         *t = Value::Null;
     }
@@ -136,30 +142,49 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
         let doc = yaml(new);
         let kind = doc["kind"].as_str().unwrap_or("").to_owned();
         let namespace = doc["metadata"]["namespace"].as_str().unwrap_or("");
-        let untouched = matches!(kind.as_str(), "Service" | "ConfigMap") || namespace == "kube-system";
+        let untouched =
+            matches!(kind.as_str(), "Service" | "ConfigMap") || namespace == "kube-system";
         if untouched {
             // Byte for byte, comments and quoting included (the leading newline after `---`
             // is the separator's).
-            assert_eq!(old.trim_start_matches('\n'), new.trim_start_matches('\n'), "document {i}");
+            assert_eq!(
+                old.trim_start_matches('\n'),
+                new.trim_start_matches('\n'),
+                "document {i}"
+            );
             continue;
         }
         let template = template_of(&doc);
         let containers = names(template, "containers");
         let init = names(template, "initContainers");
-        assert!(containers.iter().any(|n| n == "log-shipper"), "{kind}: {containers:?}");
+        assert!(
+            containers.iter().any(|n| n == "log-shipper"),
+            "{kind}: {containers:?}"
+        );
         let status = template["metadata"]["annotations"]["sidecar-injector.io/status"]
             .as_str()
             .unwrap_or_else(|| panic!("{kind}: no status annotation"));
         if kind == "ReplicaSet" {
             // It asks for the log shipper only.
             assert!(!init.iter().any(|n| n == "proxy"), "{kind}: {init:?}");
-            assert!(status.contains(r#""templates":["log-shipper"]"#), "{status}");
+            assert!(
+                status.contains(r#""templates":["log-shipper"]"#),
+                "{status}"
+            );
         } else {
-            assert_eq!(init.first().map(String::as_str), Some("proxy"), "{kind}: {init:?}");
+            assert_eq!(
+                init.first().map(String::as_str),
+                Some("proxy"),
+                "{kind}: {init:?}"
+            );
         }
         // Everything outside the pod template is kept.
         if kind != "Pod" {
-            assert_eq!(without_template(doc.clone()), without_template(yaml(old)), "{kind}");
+            assert_eq!(
+                without_template(doc.clone()),
+                without_template(yaml(old)),
+                "{kind}"
+            );
         }
     }
     insta::assert_snapshot!(injected);
@@ -168,11 +193,19 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
 #[test]
 fn injecting_the_output_again_changes_nothing() {
     let path = input("manifests/workloads.yaml");
-    let once = stdout(succeeds(&run(&["inject", "-f", path.to_str().expect("UTF-8 path")])));
+    let once = stdout(succeeds(&run(&[
+        "inject",
+        "-f",
+        path.to_str().expect("UTF-8 path"),
+    ])));
     let dir = tempfile::tempdir().expect("tempdir");
     let again = dir.path().join("once.yaml");
     std::fs::write(&again, &once).expect("write");
-    let twice = stdout(succeeds(&run(&["inject", "-f", again.to_str().expect("UTF-8 path")])));
+    let twice = stdout(succeeds(&run(&[
+        "inject",
+        "-f",
+        again.to_str().expect("UTF-8 path"),
+    ])));
     assert_eq!(once, twice);
 }
 
@@ -236,7 +269,9 @@ fn review_reads_standard_input() {
     let path = input("inject/pod-v1.json");
     let body = std::fs::read(&path).expect("readable");
     let out = run_with_stdin(&["review", "--request", "-"], &body);
-    let expected = answer(&injector(), Webhook::Mutate, &body).expect("answered").body;
+    let expected = answer(&injector(), Webhook::Mutate, &body)
+        .expect("answered")
+        .body;
     assert_eq!(stdout(succeeds(&out)).as_bytes(), expected.as_slice());
 }
 
@@ -244,12 +279,22 @@ fn review_reads_standard_input() {
 fn review_validate_denies_a_pod_without_its_sidecar() {
     let path = input("deny/missing-sidecar.json");
     // A denial is an answer, not a failure of the command.
-    let out = run(&["review", "--validate", "--request", path.to_str().expect("UTF-8 path")]);
+    let out = run(&[
+        "review",
+        "--validate",
+        "--request",
+        path.to_str().expect("UTF-8 path"),
+    ]);
     let answer: Value = serde_json::from_str(&stdout(succeeds(&out))).expect("JSON");
     assert_eq!(answer["response"]["allowed"], false, "{answer}");
     assert_eq!(answer["response"]["status"]["code"], 403, "{answer}");
-    let message = answer["response"]["status"]["message"].as_str().unwrap_or("");
-    assert!(message.contains("\"log-shipper\"") && message.contains("missing"), "{message}");
+    let message = answer["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        message.contains("\"log-shipper\"") && message.contains("missing"),
+        "{message}"
+    );
 
     // The mutator, asked about the same pod, has nothing to refuse.
     let out = run(&["review", "--request", path.to_str().expect("UTF-8 path")]);
@@ -314,7 +359,12 @@ fn an_unknown_template_is_refused_by_inject() {
     let path = input("manifests/reasons.yaml");
     fails_saying(
         &run(&["inject", "-f", path.to_str().expect("UTF-8 path")]),
-        &["Pod/typo", "\"tracing\"", "does not exist", "known templates: log-shipper, proxy"],
+        &[
+            "Pod/typo",
+            "\"tracing\"",
+            "does not exist",
+            "known templates: log-shipper, proxy",
+        ],
     );
 }
 
@@ -359,14 +409,23 @@ fn a_broken_config_is_refused_naming_it() {
     }
 
     fails_saying(
-        &run(&["inject", "-f", manifest, "--config", "/nonexistent/config.yaml"]),
+        &run(&[
+            "inject",
+            "-f",
+            manifest,
+            "--config",
+            "/nonexistent/config.yaml",
+        ]),
         &["/nonexistent/config.yaml: cannot read"],
     );
 }
 
 #[test]
 fn an_unreadable_review_is_refused() {
-    for body in [&b"not json"[..], b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\"}"] {
+    for body in [
+        &b"not json"[..],
+        b"{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\"}",
+    ] {
         let out = run_with_stdin(&["review", "--request", "-"], body);
         fails_saying(&out, &["AdmissionReview"]);
     }

@@ -40,7 +40,10 @@ fn bundled_templates() -> Vec<(String, String)> {
 fn default_config_with(edits: &[(&str, &str)]) -> String {
     let mut config = DEFAULT_CONFIG.to_owned();
     for (from, to) in edits {
-        assert!(config.contains(from), "default config no longer has {from:?}");
+        assert!(
+            config.contains(from),
+            "default config no longer has {from:?}"
+        );
         config = config.replace(from, to);
     }
     config
@@ -255,8 +258,8 @@ fn check_inject(inj: &Injector, request: &Value, outcome: Outcome, decoded: &Val
         if !path.ends_with("/-") && patched.pointer(path).is_none() {
             problems.push(format!("{path} names nothing in the patched pod"));
         }
-        let is_entry = path.starts_with("/metadata/labels/")
-            || path.starts_with("/metadata/annotations/");
+        let is_entry =
+            path.starts_with("/metadata/labels/") || path.starts_with("/metadata/annotations/");
         if is_entry && patched.pointer(path) != Some(&op["value"]) {
             problems.push(format!("{path} does not hold {}", op["value"]));
         }
@@ -270,7 +273,11 @@ fn check_inject(inj: &Injector, request: &Value, outcome: Outcome, decoded: &Val
     };
     let spec = pod.spec.as_ref().expect("a patched pod has a spec");
     let mut names = BTreeSet::new();
-    for c in spec.containers.iter().chain(spec.init_containers.iter().flatten()) {
+    for c in spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+    {
         if !names.insert(c.name.as_str()) {
             problems.push(format!("container {:?} is there twice", c.name));
         }
@@ -313,7 +320,11 @@ fn is_opted_in_pod_create(request: &Value) -> bool {
         && req["object"]["metadata"]["labels"]["sidecar-injector.io/inject"] == "true"
 }
 
-fn check_skip(request: &Value, mutate: (Outcome, &Value), validate: (Outcome, &Value)) -> Vec<String> {
+fn check_skip(
+    request: &Value,
+    mutate: (Outcome, &Value),
+    validate: (Outcome, &Value),
+) -> Vec<String> {
     let mut problems = Vec::new();
     for (webhook, (_, decoded)) in [("mutate", mutate), ("validate", validate)] {
         check_envelope(request, decoded, &mut problems);
@@ -330,16 +341,23 @@ fn check_skip(request: &Value, mutate: (Outcome, &Value), validate: (Outcome, &V
             .as_array()
             .into_iter()
             .flatten()
-            .any(|w| w.as_str().is_some_and(|w| w.starts_with("sidecar-injector: pod not injected: ")));
+            .any(|w| {
+                w.as_str()
+                    .is_some_and(|w| w.starts_with("sidecar-injector: pod not injected: "))
+            });
         if outcome != Outcome::Skipped || !warned {
-            problems.push(format!("mutate: opted in, but no skip warning ({outcome:?})"));
+            problems.push(format!(
+                "mutate: opted in, but no skip warning ({outcome:?})"
+            ));
         }
         if response["auditAnnotations"]["skipped"].as_str().is_none() {
             problems.push("mutate: no `skipped` audit annotation".into());
         }
     } else if outcome != Outcome::Allowed || response.get("warnings").is_some() {
         // Not asked for (or not a pod creation): nothing to say.
-        problems.push(format!("mutate: expected a silent admission, got {outcome:?}"));
+        problems.push(format!(
+            "mutate: expected a silent admission, got {outcome:?}"
+        ));
     }
     problems
 }
@@ -435,7 +453,11 @@ fn every_snapshot_has_its_input() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
     let snapshots = std::fs::read_dir(root.join("snapshots")).expect("tests/snapshots exists");
     for entry in snapshots {
-        let name = entry.expect("entry").file_name().to_string_lossy().into_owned();
+        let name = entry
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .into_owned();
         let Some(rest) = name.strip_prefix("golden__") else {
             continue;
         };
@@ -499,7 +521,8 @@ fn two_thousand_env_vars_per_container() {
 #[test]
 fn pointers_escape_slash_and_tilde() {
     let inj = tilde_injector();
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs/inject/tilde-and-slash-keys.yaml");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs/inject/tilde-and-slash-keys.yaml");
     let (_, decoded) = ask(&inj, Webhook::Mutate, &load_review(&path));
     let paths: Vec<&str> = decoded["response"]["patch"]
         .as_array()
@@ -583,7 +606,10 @@ fn simple_pod(namespace: &str, service_account: &str) -> Value {
 #[test]
 fn a_namespace_named_null_is_injected() {
     let inj = embedded();
-    let request = create_review("5e4d3c2b-1a09-4f8e-9d7c-6b5a4f3e2d1c", simple_pod("null", "default"));
+    let request = create_review(
+        "5e4d3c2b-1a09-4f8e-9d7c-6b5a4f3e2d1c",
+        simple_pod("null", "default"),
+    );
     let (outcome, decoded) = ask(&inj, Webhook::Mutate, &request);
     assert_eq!(outcome, Outcome::Injected, "{decoded:#}");
     let patched = patched(&request, &decoded).expect("patch applies");
@@ -594,7 +620,10 @@ fn a_namespace_named_null_is_injected() {
 #[test]
 fn a_service_account_named_null_reaches_the_proxy() {
     let inj = embedded();
-    let request = create_review("6f5e4d3c-2b1a-4098-8e7d-7c6b5a4f3e2d", simple_pod("shop", "null"));
+    let request = create_review(
+        "6f5e4d3c-2b1a-4098-8e7d-7c6b5a4f3e2d",
+        simple_pod("shop", "null"),
+    );
     let (outcome, decoded) = ask(&inj, Webhook::Mutate, &request);
     assert_eq!(outcome, Outcome::Injected, "{decoded:#}");
     let patched = patched(&request, &decoded).expect("patch applies");

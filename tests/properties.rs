@@ -49,7 +49,10 @@ fn marks() -> Injector {
             "defaultTemplates: [log-shipper, proxy]",
             "defaultTemplates: [log-shipper, proxy, marks]",
         );
-    assert_ne!(config, DEFAULT_CONFIG, "the default configuration changed shape");
+    assert_ne!(
+        config, DEFAULT_CONFIG,
+        "the default configuration changed shape"
+    );
     let mut templates: Vec<(String, String)> = BUNDLED_TEMPLATES
         .iter()
         .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
@@ -127,16 +130,18 @@ fn mounts() -> impl Strategy<Value = Option<Vec<Value>>> {
 }
 
 fn container() -> impl Strategy<Value = Value> {
-    (container_name(), "[a-z]{1,6}:[0-9]", env(), mounts()).prop_map(|(name, image, env, mounts)| {
-        let mut c = json!({"name": name, "image": image});
-        if let Some(env) = env {
-            c["env"] = Value::Array(env);
-        }
-        if let Some(mounts) = mounts {
-            c["volumeMounts"] = Value::Array(mounts);
-        }
-        c
-    })
+    (container_name(), "[a-z]{1,6}:[0-9]", env(), mounts()).prop_map(
+        |(name, image, env, mounts)| {
+            let mut c = json!({"name": name, "image": image});
+            if let Some(env) = env {
+                c["env"] = Value::Array(env);
+            }
+            if let Some(mounts) = mounts {
+                c["volumeMounts"] = Value::Array(mounts);
+            }
+            c
+        },
+    )
 }
 
 fn volumes() -> impl Strategy<Value = Option<Vec<Value>>> {
@@ -317,7 +322,11 @@ fn respond(inj: &Injector, webhook: Webhook, body: &[u8]) -> Value {
 /// What the API server does with the mutator's answer: the object it goes on with, or None
 /// when the mutator refused.
 fn mutated(inj: &Injector, case: &Case) -> Option<Value> {
-    let response = respond(inj, Webhook::Mutate, &review("CREATE", &case.namespace, &case.pod, None));
+    let response = respond(
+        inj,
+        Webhook::Mutate,
+        &review("CREATE", &case.namespace, &case.pod, None),
+    );
     if response["allowed"] != true {
         return None;
     }
@@ -348,7 +357,12 @@ fn no_collisions(pod: &Value) -> bool {
 fn sidecars_in(pod: &Value) -> Vec<(&'static str, usize)> {
     let mut found = Vec::new();
     for list in ["containers", "initContainers"] {
-        for (i, c) in pod["spec"][list].as_array().into_iter().flatten().enumerate() {
+        for (i, c) in pod["spec"][list]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
             if c["name"].as_str().is_some_and(|n| SIDECARS.contains(&n)) {
                 found.push((list, i));
             }
@@ -358,7 +372,11 @@ fn sidecars_in(pod: &Value) -> Vec<(&'static str, usize)> {
 }
 
 fn validate(inj: &Injector, namespace: &str, pod: &Value) -> Value {
-    respond(inj, Webhook::Validate, &review("CREATE", namespace, pod, None))
+    respond(
+        inj,
+        Webhook::Validate,
+        &review("CREATE", namespace, pod, None),
+    )
 }
 
 // === 1. Fixed point ===
@@ -557,11 +575,22 @@ fn damaged_review() -> impl Strategy<Value = Vec<u8>> {
         Just("admission.k8s.io/v1beta1"),
         Just("admission.k8s.io/v2")
     ];
-    (pod(), pod(), operation, version, any::<Index>(), arbitrary_json()).prop_map(
-        |(case, old, operation, version, at, replacement)| {
-            let mut body: Value =
-                serde_json::from_slice(&review(operation, &case.namespace, &case.pod, Some(&old.pod)))
-                    .expect("JSON");
+    (
+        pod(),
+        pod(),
+        operation,
+        version,
+        any::<Index>(),
+        arbitrary_json(),
+    )
+        .prop_map(|(case, old, operation, version, at, replacement)| {
+            let mut body: Value = serde_json::from_slice(&review(
+                operation,
+                &case.namespace,
+                &case.pod,
+                Some(&old.pod),
+            ))
+            .expect("JSON");
             body["apiVersion"] = version.into();
             let mut all = Vec::new();
             pointers(&body, String::new(), &mut all);
@@ -571,8 +600,7 @@ fn damaged_review() -> impl Strategy<Value = Vec<u8>> {
                 None => body = replacement,
             }
             serde_json::to_vec(&body).expect("JSON")
-        },
-    )
+        })
 }
 
 fn check_answers(body: &[u8]) -> Result<(), TestCaseError> {
