@@ -160,15 +160,19 @@ fn labels() -> impl Strategy<Value = Option<Map<String, Value>>> {
     ];
     // Label values as Kubernetes allows them; templates render `app` into their output.
     let app = prop::option::of("[a-z0-9]([a-z0-9.-]{0,10}[a-z0-9])?");
-    prop::option::of((inject, app, extra_map()).prop_map(|(inject, app, mut m)| {
-        if let Some(v) = inject {
-            m.insert("sidecar-injector.io/inject".into(), v.into());
-        }
-        if let Some(app) = app {
-            m.insert("app".into(), app.into());
-        }
-        m
-    }))
+    // Mostly present: a pod without labels is never opted in.
+    prop::option::weighted(
+        0.9,
+        (inject, app, extra_map()).prop_map(|(inject, app, mut m)| {
+            if let Some(v) = inject {
+                m.insert("sidecar-injector.io/inject".into(), v.into());
+            }
+            if let Some(app) = app {
+                m.insert("app".into(), app.into());
+            }
+            m
+        }),
+    )
 }
 
 fn annotations() -> impl Strategy<Value = Option<Map<String, Value>>> {
