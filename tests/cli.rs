@@ -453,3 +453,97 @@ fn a_config_file_is_used() {
     assert!(injected.contains("fluent-bit:9.9.9"), "{injected}");
     assert!(!injected.contains("fluent-bit:3.2.4"), "{injected}");
 }
+
+// === Offline and online agree ===
+
+/// The pod a controller creates from a workload's template, as the webhooks receive it.
+fn pod_from(doc: &Value, namespace: &str) -> Value {
+    let template = template_of(doc);
+    let mut metadata = template["metadata"].clone();
+    if doc["kind"] != "Pod" {
+        let name = doc["metadata"]["name"].as_str().unwrap_or("pod");
+        metadata["generateName"] = format!("{name}-7d9c8b6f5-").into();
+    }
+    metadata["namespace"] = namespace.into();
+    serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": template["spec"]})
+}
+
+fn create_review(namespace: &str, pod: &Value) -> Vec<u8> {
+    let body = serde_json::json!({
+        "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
+        "request": {
+            "uid": "3f2e1d0c-9b8a-4765-8432-10fedcba9876",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+            "object": pod
+        }
+    });
+    serde_json::to_vec(&body).expect("JSON")
+}
+
+/// What the webhooks make of a pod created from an offline-injected template: (patch, verdict).
+fn webhooks(namespace: &str, pod: &Value) -> (Option<Value>, Value) {
+    let inj = injector();
+    let body = create_review(namespace, pod);
+    let mutated: Value =
+        serde_json::from_slice(&answer(&inj, Webhook::Mutate, &body).expect("answered").body)
+            .expect("JSON");
+    let verdict: Value = serde_json::from_slice(
+        &answer(&inj, Webhook::Validate, &body)
+            .expect("answered")
+            .body,
+    )
+    .expect("JSON");
+    (
+        mutated["response"].get("patch").cloned(),
+        verdict["response"].clone(),
+    )
+}
+
+/// `inject -f` and the webhooks decide the same: the pods of an injected manifest get no
+/// patch from the mutator and pass the validator, in the namespace the manifest names.
+#[test]
+fn offline_injected_pods_pass_the_webhooks() {
+    let path = input("manifests/workloads.yaml");
+    let injected = stdout(succeeds(&run(&[
+        "inject",
+        "-f",
+        path.to_str().expect("UTF-8 path"),
+    ])));
+    let mut checked = 0;
+    for doc in split_documents(&injected).into_iter().map(yaml) {
+        let namespace = doc["metadata"]["namespace"].as_str().unwrap_or("default");
+        let kind = doc["kind"].as_str().unwrap_or("");
+        if matches!(kind, "Service" | "ConfigMap") || namespace == "kube-system" {
+            continue;
+        }
+        let (patch, verdict) = webhooks(namespace, &pod_from(&doc, namespace));
+        assert_eq!(patch, None, "{kind}: the mutator changes an injected pod");
+        assert_eq!(verdict["allowed"], true, "{kind}: {verdict}");
+        checked += 1;
+    }
+    assert_eq!(checked, 8);
+}
+
+/// A manifest without a namespace is injected for "default", then applied elsewhere
+/// (`kubectl apply -n shop -f -`). The sidecars were rendered for the wrong namespace; the
+/// mutator keeps them and the validator refuses every pod the controller creates, with advice
+/// ("let the controller recreate it") that cannot help. Either `inject` must not guess the
+/// namespace, or the webhooks must accept what it wrote.
+#[test]
+fn a_manifest_without_namespace_injected_offline_is_admitted_where_it_is_applied() {
+    let manifest = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web, sidecar-injector.io/inject: \"true\"}\n    spec:\n      containers:\n        - name: web\n          image: nginx:1.27\n";
+    let out = run_with_stdin(&["inject", "-f", "-"], manifest.as_bytes());
+    if !out.status.success() {
+        // Refusing to guess the namespace is an answer too.
+        fails_saying(&out, &["namespace"]);
+        return;
+    }
+    let doc = yaml(&stdout(&out));
+    let (_, verdict) = webhooks("shop", &pod_from(&doc, "shop"));
+    assert_eq!(verdict["allowed"], true, "{verdict:#}");
+}
