@@ -60,8 +60,9 @@ fn warn_injector() -> Injector {
     .expect("warn configuration loads")
 }
 
-/// A template whose label and annotation keys need escaping in a JSON pointer.
-const MARKS_TEMPLATE: &str = "labels:\n  marks.example.com/team~owner: platform\nannotations:\n  marks.example.com/note~x/y: \"injected by {{ pod.namespace }}\"\n";
+/// A template whose label and annotation keys need escaping in a JSON pointer, and which may
+/// go into Windows pods (the bundled ones may not).
+const MARKS_TEMPLATE: &str = "supportsWindows: true\nlabels:\n  marks.example.com/team~owner: platform\nannotations:\n  marks.example.com/note~x/y: \"injected by {{ pod.namespace }}\"\n";
 
 /// The default configuration with a status annotation key holding `/` and `~`, and a third
 /// default template writing a label and an annotation whose keys hold both.
