@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the Helm chart and the Dockerfile: helm lint, helm template snapshots (Helm 4 and
 # Helm 3), the chart's pytest suite (including, when e2e/control-plane's binaries are built,
-# the chart against a real kube-apiserver on 127.0.0.1), hadolint. Ends with the line
+# the chart against a real kube-apiserver on 127.0.0.1, and its config in a built binary), hadolint. Ends with the line
 # "N passed, M failed" and exits non-zero if anything failed.
 #   charts/test.sh                      run everything
 #   UPDATE_SNAPSHOTS=1 charts/test.sh   rewrite tests/snapshots/ from the current chart

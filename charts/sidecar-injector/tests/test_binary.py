@@ -1,0 +1,86 @@
+"""The chart's ConfigMap read by the real sidecar-injector binary.
+
+Uses $SIDECAR_INJECTOR_BIN, else the newest sidecar-injector under $CARGO_TARGET_DIR or
+target/ (debug or release); skipped when there is none (the chart checks never build Rust).
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import celpy
+import pytest
+
+from chart import ROOT, render
+from test_webhooks import CASES
+
+
+def binary():
+    if os.environ.get("SIDECAR_INJECTOR_BIN"):
+        return Path(os.environ["SIDECAR_INJECTOR_BIN"])
+    dirs = [Path(os.environ["CARGO_TARGET_DIR"])] if os.environ.get("CARGO_TARGET_DIR") else []
+    dirs.append(ROOT / "target")
+    found = [d / p / "sidecar-injector" for d in dirs for p in ("debug", "release")]
+    found = [f for f in found if f.is_file() and os.access(f, os.X_OK)]
+    return max(found, key=lambda f: f.stat().st_mtime) if found else None
+
+
+@pytest.fixture(scope="module")
+def server_config(tmp_path_factory):
+    """The default install's ConfigMap, written out the way the kubelet mounts it."""
+    exe = binary()
+    if exe is None:
+        pytest.skip("no sidecar-injector binary built (cargo build)")
+    directory = tmp_path_factory.mktemp("config")
+    for key, value in render().one("ConfigMap")["data"].items():
+        (directory / key).write_text(value)
+    return exe, directory / "config.yaml"
+
+
+def run(exe, *args, stdin):
+    return subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True)
+
+
+def test_the_binary_loads_the_chart_config(server_config):
+    exe, config = server_config
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "web", "namespace": "apps",
+                        "labels": {"sidecar-injector.io/inject": "true"}},
+           "spec": {"containers": [{"name": "app", "image": "app"}]}}
+    proc = run(exe, "explain", "--config", str(config), "-f", "-", stdin=json.dumps(pod))
+    assert proc.returncode == 0, proc.stderr
+    assert "injected with [log-shipper, proxy]" in proc.stdout, proc.stdout
+
+
+def review(pod, operation="CREATE"):
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "chart-test", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": pod["metadata"]["name"], "namespace": pod["metadata"]["namespace"],
+        "operation": operation, "userInfo": {}, "object": pod, "dryRun": False,
+        **({"oldObject": pod} if operation == "UPDATE" else {})}})
+
+
+def test_pods_kept_away_by_match_conditions_are_pods_the_server_skips(server_config):
+    """matchConditions may only hold back what the server would skip anyway: for every sample
+    pod the conditions hold back, the injector leaves it alone and the validator admits it."""
+    exe, config = server_config
+    env = celpy.Environment()
+    programs = [env.program(env.compile(c["expression"])) for c in render().mutating["matchConditions"]]
+    held_back = 0
+    for name, obj, _ in CASES:
+        activation = {"object": celpy.json_to_cel(obj)}
+        if all(bool(p.evaluate(activation)) for p in programs):
+            continue  # sent to the server: it decides
+        held_back += 1
+        mutate = run(exe, "review", "--config", str(config), "--request", "-", stdin=review(obj))
+        assert mutate.returncode == 0, mutate.stderr
+        response = json.loads(mutate.stdout)["response"]
+        assert response["allowed"] is True and "patch" not in response, (name, response)
+        for operation in ("CREATE", "UPDATE"):
+            validate = run(exe, "review", "--config", str(config), "--request", "-", "--validate",
+                           stdin=review(obj, operation))
+            assert validate.returncode == 0, validate.stderr
+            assert json.loads(validate.stdout)["response"]["allowed"] is True, (name, validate.stdout)
+    assert held_back, "no sample pod is held back: the samples no longer cover matchConditions"
