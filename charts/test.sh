@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks the Helm chart and the Dockerfile: helm lint, helm template snapshots (Helm 4 and
-# Helm 3), the chart's pytest suite (including, when e2e/control-plane's binaries are built,
-# the chart against a real kube-apiserver on 127.0.0.1, and its config in a built binary), hadolint. Ends with the line
-# "N passed, M failed" and exits non-zero if anything failed.
+# Helm 3), the chart's pytest suite, hadolint. The pytest suite also runs the chart against a
+# real kube-apiserver on 127.0.0.1 and its config through the real binary, when those are
+# already built. Ends with the line "N passed, M failed"; exits non-zero if anything failed.
 #   charts/test.sh                      run everything
 #   UPDATE_SNAPSHOTS=1 charts/test.sh   rewrite tests/snapshots/ from the current chart
 # Tools come from tools/install.sh (cached outside the checkout). Nothing here talks to a
