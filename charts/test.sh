@@ -5,8 +5,8 @@
 # already built. Ends with the line "N passed, M failed"; exits non-zero if anything failed.
 #   charts/test.sh                      run everything
 #   UPDATE_SNAPSHOTS=1 charts/test.sh   rewrite tests/snapshots/ from the current chart
-# Tools come from tools/install.sh (cached outside the checkout). Nothing here talks to a
-# cluster: KUBECONFIG points at nothing.
+# Tools come from tools/install.sh (cached outside the checkout). Nothing here talks to an
+# existing cluster: KUBECONFIG points at nothing (the apiserver tests start their own).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
