@@ -80,10 +80,13 @@ START=$(date +%s)
 
 # Fetch a module's .mod/.info from the proxy and echo the path of the requested field.
 mod_field() { # module@version field
-  go mod download -json "$1" | sed -n "s/^[[:space:]]*\"$2\": \"\(.*\)\",\{0,1\}$/\1/p" | head -n1
+  # Output captured first: with pipefail, `producer | head` can fail with SIGPIPE.
+  local json
+  json=$(go mod download -json "$1")
+  sed -n "s/^[[:space:]]*\"$2\": \"\(.*\)\",\{0,1\}$/\1/p;T;q" <<<"$json"
 }
 origin_hash() { # path-to-.info
-  sed -n 's/.*"Hash":"\([0-9a-f]*\)".*/\1/p' "$1" | head -n1
+  sed -n 's/.*"Hash":"\([0-9a-f]*\)".*/\1/p;T;q' "$1"
 }
 
 # ---------------------------------------------------------------- kubernetes
@@ -205,10 +208,12 @@ fi
 got=$("$BIN_DIR/kube-apiserver" --version 2>&1)
 [[ "$got" == "Kubernetes $K8S_VERSION" ]] || die "kube-apiserver --version says '$got', want 'Kubernetes $K8S_VERSION'"
 if [[ -x "$BIN_DIR/kubectl" ]]; then
-  got=$("$BIN_DIR/kubectl" version --client 2>&1 | head -n1)
+  got=$("$BIN_DIR/kubectl" version --client 2>&1)
+  got=${got%%$'\n'*}
   [[ "$got" == "Client Version: $K8S_VERSION" ]] || die "kubectl version --client says '$got'"
 fi
-got=$("$BIN_DIR/etcd" --version 2>&1 | head -n1)
+got=$("$BIN_DIR/etcd" --version 2>&1)
+got=${got%%$'\n'*}
 [[ "$got" == "etcd Version: ${ETCD_VERSION#v}" ]] || die "etcd --version says '$got'"
 
 ELAPSED=$(($(date +%s) - START))

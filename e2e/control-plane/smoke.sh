@@ -9,7 +9,8 @@
 #  - /metrics has apiserver_admission_webhook_* metrics,
 # then down, and that no process of WORKDIR is left.
 #
-# Usage: e2e/control-plane/smoke.sh [WORKDIR]   (default: a new temp dir)
+# Usage: e2e/control-plane/smoke.sh [WORKDIR]
+#   (default: a new temp dir, removed after a pass and kept after a failure)
 #   env KUBECTL   kubectl to use (default: BIN_DIR/kubectl if built, else kubectl on PATH)
 set -euo pipefail
 
@@ -17,7 +18,13 @@ HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=lib.sh source-path=SCRIPTDIR
 . "$HERE/lib.sh"
 
-WORKDIR=$(cp_abspath "${1:-$(mktemp -d -t cp-smoke.XXXXXX)}")
+TEMP_WORKDIR=0
+if [[ $# -ge 1 ]]; then
+  WORKDIR=$(cp_abspath "$1")
+else
+  WORKDIR=$(mktemp -d -t cp-smoke.XXXXXX)
+  TEMP_WORKDIR=1
+fi
 mkdir -p "$WORKDIR"
 log() { cp_log "smoke: $*"; }
 fail() { log "FAIL: $*"; exit 1; }
@@ -37,7 +44,12 @@ cleanup() {
     log "FAIL: processes left behind:"; pgrep -af -- "$WORKDIR/" >&2 || true
     rc=1
   fi
-  if ((rc == 0)); then log "PASS (no process of $WORKDIR left)"; else log "FAILED (exit $rc)"; fi
+  if ((rc == 0)); then
+    log "PASS (no process of $WORKDIR left)"
+    if ((TEMP_WORKDIR)); then rm -rf "$WORKDIR"; fi
+  else
+    log "FAILED (exit $rc); logs in $WORKDIR/logs"
+  fi
   exit "$rc"
 }
 trap cleanup EXIT
@@ -63,9 +75,10 @@ poll() { # seconds description command...
 
 # /version
 version=$("${CURL[@]}" "$APISERVER_URL/version")
-echo "$version" | grep -q "\"gitVersion\": \"$K8S_VERSION\"" || fail "/version: $version"
+grep -q "\"gitVersion\": \"$K8S_VERSION\"" <<<"$version" || fail "/version: $version"
 log "/version reports $K8S_VERSION"
-log "kubectl: $("$KUBECTL" version --client 2>/dev/null | head -n1)"
+kv=$("$KUBECTL" version --client 2>/dev/null || true)
+log "kubectl: ${kv%%$'\n'*}"
 
 # Deployment -> ReplicaSet -> Pod (generateName), stays Pending without kubelet
 NS=smoke
@@ -98,8 +111,8 @@ spec:
 EOF
 }
 dry=$(pod_manifest dry | k create --dry-run=server -o json -f -)
-echo "$dry" | grep -q '"imagePullPolicy": "Always"' || fail "dry-run: AlwaysPullImages did not run"
-echo "$dry" | grep -q '"serviceAccountName": "default"' || fail "dry-run: ServiceAccount admission did not run"
+grep -q '"imagePullPolicy": "Always"' <<<"$dry" || fail "dry-run: AlwaysPullImages did not run"
+grep -q '"serviceAccountName": "default"' <<<"$dry" || fail "dry-run: ServiceAccount admission did not run"
 if k -n "$NS" get pod dry >/dev/null 2>&1; then fail "dry-run pod was persisted"; fi
 log "server-side dry-run create works (ServiceAccount + AlwaysPullImages admission ran, nothing stored)"
 
@@ -139,8 +152,9 @@ webhooks:
     caBundle: $(base64 -w0 <"$CA_CERT")
 EOF
 mutated_on_dry_run() {
-  pod_manifest probe | k create --dry-run=server -o json -f - 2>/dev/null \
-    | grep -q '"smoke.sidecar-injector.io/mutated": "true"'
+  local out
+  out=$(pod_manifest probe | k create --dry-run=server -o json -f - 2>/dev/null) || return 1
+  grep -q '"smoke.sidecar-injector.io/mutated": "true"' <<<"$out"
 }
 t0=$SECONDS
 poll 60 "webhook mutation visible in a server-side dry-run" mutated_on_dry_run
@@ -148,7 +162,8 @@ log "webhook configuration effective after ~$((SECONDS - t0))s"
 pod_manifest mutated | k create -f - >/dev/null
 [[ "$(k -n "$NS" get pod mutated -o jsonpath='{.metadata.labels.smoke\.sidecar-injector\.io/mutated}')" == true ]] \
   || fail "stored pod is not mutated"
-audit_has() { grep '"name":"mutated"' "$AUDIT_LOG" | grep -q "$1"; }
+# No `grep | grep -q`: with pipefail an early exit of grep -q can fail it (SIGPIPE).
+audit_has() { grep '"name":"mutated"' "$AUDIT_LOG" | grep -c -- "$1" >/dev/null; }
 poll 20 "audit mutation annotation" audit_has '"mutation.webhook.admission.k8s.io/round_0_index_0"'
 audit_has '"patch.webhook.admission.k8s.io/round_0_index_0"' || fail "no patch annotation in $AUDIT_LOG"
 log "audit log has mutation.webhook.admission.k8s.io/round_0_index_0 and patch annotations"
