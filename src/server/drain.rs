@@ -1,25 +1,28 @@
 //! Graceful drain of the webhook's connections on shutdown.
 //!
-//! hyper closes an idle HTTP/1.1 connection at once on a graceful shutdown, which loses a
-//! request whose bytes are already on their way. Here a connection is asked to shut down only
-//! when it is busy (its response then carries `Connection: close`; HTTP/2 gets a GOAWAY) or has
-//! been quiet for [`QUIET`]. The drain finishes when every connection has ended.
+//! hyper's graceful shutdown of an HTTP/1.1 connection can cut a request that is already on its
+//! way. Here, once the drain begins, an HTTP/2 connection gets a GOAWAY (its open streams
+//! finish); an HTTP/1.1 connection answers whatever it is serving with `Connection: close`
+//! (see [`ActivityHandle::draining_response`]) and is closed by us only when it has no request
+//! in flight and has been quiet for [`QUIET`]. The drain finishes when every connection has
+//! ended.
 
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hyper_util::server::graceful::GracefulConnection;
 use tokio::sync::{mpsc, watch};
 
 /// How long an idle connection is given to start a request once shutdown has begun.
-pub const QUIET: Duration = Duration::from_millis(200);
+pub const QUIET: Duration = Duration::from_secs(1);
 
 /// Tracks connections; [`Drain::finish`] signals them and waits for them.
 pub struct Drain {
     signal: watch::Sender<bool>,
+    draining: Arc<AtomicBool>,
     alive: mpsc::Sender<()>,
     done: mpsc::Receiver<()>,
 }
@@ -34,8 +37,10 @@ impl Drain {
     pub fn new() -> Self {
         let (signal, _) = watch::channel(false);
         let (alive, done) = mpsc::channel(1);
+        let draining = Arc::new(AtomicBool::new(false));
         Self {
             signal,
+            draining,
             alive,
             done,
         }
@@ -46,7 +51,7 @@ impl Drain {
         ConnWatch {
             signal: self.signal.subscribe(),
             _alive: self.alive.clone(),
-            activity: Arc::new(Activity::new()),
+            activity: Arc::new(Activity::new(self.draining.clone())),
         }
     }
 
@@ -54,9 +59,11 @@ impl Drain {
     pub async fn finish(self) {
         let Self {
             signal,
+            draining,
             alive,
             mut done,
         } = self;
+        draining.store(true, Ordering::SeqCst);
         let _ = signal.send(true);
         drop(alive);
         // Resolves with None once every connection's sender is dropped.
@@ -64,25 +71,34 @@ impl Drain {
     }
 }
 
-/// Requests in flight on one connection and when the last one started.
+/// Requests in flight on one connection and when one last started or finished.
 #[derive(Debug)]
 pub struct Activity {
     epoch: Instant,
     in_flight: AtomicUsize,
-    last_start_ms: AtomicU64,
+    last_activity_ms: AtomicU64,
+    http2: AtomicBool,
+    draining: Arc<AtomicBool>,
 }
 
 impl Activity {
-    fn new() -> Self {
+    fn new(draining: Arc<AtomicBool>) -> Self {
         Self {
             epoch: Instant::now(),
             in_flight: AtomicUsize::new(0),
-            last_start_ms: AtomicU64::new(0),
+            last_activity_ms: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
+            draining,
         }
     }
 
+    fn touch(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_activity_ms.store(now, Ordering::SeqCst);
+    }
+
     fn idle_for(&self) -> Duration {
-        let last = Duration::from_millis(self.last_start_ms.load(Ordering::SeqCst));
+        let last = Duration::from_millis(self.last_activity_ms.load(Ordering::SeqCst));
         self.epoch.elapsed().saturating_sub(last)
     }
 }
@@ -92,6 +108,9 @@ pub struct InFlight(Arc<Activity>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        // A keep-alive client sends its next request right after this response: measure
+        // quiet from the end of a request, not its start.
+        self.0.touch();
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -108,12 +127,26 @@ pub struct ConnWatch {
 pub struct ActivityHandle(Arc<Activity>);
 
 impl ActivityHandle {
-    pub fn start(&self) -> InFlight {
+    /// Marks a request of this HTTP version in flight.
+    pub fn start(&self, version: http::Version) -> InFlight {
         let a = &self.0;
+        if version == http::Version::HTTP_2 {
+            a.http2.store(true, Ordering::SeqCst);
+        }
         a.in_flight.fetch_add(1, Ordering::SeqCst);
-        let now = u64::try_from(a.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        a.last_start_ms.store(now, Ordering::SeqCst);
+        a.touch();
         InFlight(a.clone())
+    }
+
+    /// Once draining, an HTTP/1.1 response says `Connection: close`, so the client opens a new
+    /// connection (to another replica) for its next request instead of racing our close.
+    pub fn draining_response<B>(&self, version: http::Version, response: &mut http::Response<B>) {
+        if self.0.draining.load(Ordering::SeqCst) && version != http::Version::HTTP_2 {
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
     }
 }
 
@@ -122,27 +155,30 @@ impl ConnWatch {
         ActivityHandle(self.activity.clone())
     }
 
-    /// Drives `conn` to completion, shutting it down gracefully once the drain begins.
-    pub async fn serve<C>(mut self, conn: C) -> C::Output
+    /// Drives `conn` until it ends, or until the drain has begun and it is done serving.
+    /// `None`: the connection was idle and has been closed by dropping it.
+    pub async fn serve<C>(mut self, conn: C) -> Option<C::Output>
     where
         C: GracefulConnection + Future,
     {
         let mut conn = pin!(conn);
         tokio::select! {
-            output = conn.as_mut() => return output,
+            output = conn.as_mut() => return Some(output),
             _ = self.signal.wait_for(|draining| *draining) => {}
         }
+        if self.activity.http2.load(Ordering::SeqCst) {
+            conn.as_mut().graceful_shutdown();
+            return Some(conn.await);
+        }
         loop {
-            let busy = self.activity.in_flight.load(Ordering::SeqCst) > 0;
-            if busy || self.activity.idle_for() >= QUIET {
-                break;
+            let idle = self.activity.in_flight.load(Ordering::SeqCst) == 0;
+            if idle && self.activity.idle_for() >= QUIET {
+                return None;
             }
             tokio::select! {
-                output = conn.as_mut() => return output,
+                output = conn.as_mut() => return Some(output),
                 () = tokio::time::sleep(Duration::from_millis(10)) => {}
             }
         }
-        conn.as_mut().graceful_shutdown();
-        conn.await
     }
 }

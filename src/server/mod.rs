@@ -327,17 +327,20 @@ async fn accept_tls(
                 Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
             };
             let activity = watch.activity();
-            let service = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                let request = activity.start();
-                async move {
-                    let response = routes::webhook(state, req).await;
-                    drop(request);
-                    Ok::<_, Infallible>(response)
-                }
-            });
+            let service =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let (state, activity) = (state.clone(), activity.clone());
+                    let version = req.version();
+                    let request = activity.start(version);
+                    async move {
+                        let mut response = routes::webhook(state, req).await;
+                        activity.draining_response(version, &mut response);
+                        drop(request);
+                        Ok::<_, Infallible>(response)
+                    }
+                });
             let conn = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(error) = watch.serve(conn).await {
+            if let Some(Err(error)) = watch.serve(conn).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });

@@ -1,0 +1,218 @@
+//! Shared helpers for the server tests: certificates, a TLS client, review bodies.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use clap::Parser as _;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sidecar_injector::cli::{Cli, Command};
+use sidecar_injector::server::ServeArgs;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A CA and a serving certificate for 127.0.0.1 / localhost, PEM.
+pub struct Pki {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+pub fn pki(name: &str) -> Pki {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("{name} CA"));
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &issuer)
+        .unwrap();
+    Pki {
+        ca_pem: ca_cert.pem(),
+        cert_pem: leaf.pem(),
+        key_pem: key.serialize_pem(),
+    }
+}
+
+impl Pki {
+    pub fn write(&self, dir: &Path) {
+        std::fs::write(dir.join("tls.crt"), &self.cert_pem).unwrap();
+        std::fs::write(dir.join("tls.key"), &self.key_pem).unwrap();
+    }
+}
+
+/// A free port on 127.0.0.1 (bound and released; the tiny race is acceptable in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `serve` arguments as a user would type them.
+pub fn serve_args(extra: &[&str]) -> ServeArgs {
+    let mut argv = vec![
+        "sidecar-injector",
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+    ];
+    argv.extend_from_slice(extra);
+    match Cli::try_parse_from(argv).unwrap().command {
+        Command::Serve(args) => args,
+        other => panic!("not serve: {other:?}"),
+    }
+}
+
+pub async fn connect(
+    addr: SocketAddr,
+    ca_pem: &str,
+    alpn: &[&[u8]],
+) -> std::io::Result<TlsStream<TcpStream>> {
+    install_crypto();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let tcp = TcpStream::connect(addr).await?;
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+}
+
+/// One POST over HTTP/1.1 on a new connection.
+pub async fn post_h1(
+    addr: SocketAddr,
+    ca_pem: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> std::io::Result<(StatusCode, Bytes)> {
+    let stream = connect(addr, ca_pem, &[b"http/1.1"]).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(io)?;
+    tokio::spawn(conn);
+    send(&mut sender, path, body).await
+}
+
+pub async fn send(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+    body: Vec<u8>,
+) -> std::io::Result<(StatusCode, Bytes)> {
+    sender.ready().await.map_err(io)?;
+    let req = Request::post(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let response = sender.send_request(req).await.map_err(io)?;
+    let status = response.status();
+    Ok((
+        status,
+        response.into_body().collect().await.map_err(io)?.to_bytes(),
+    ))
+}
+
+/// One POST over HTTP/2 on a new connection; also returns the negotiated ALPN.
+pub async fn post_h2(
+    addr: SocketAddr,
+    ca_pem: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> std::io::Result<(StatusCode, Bytes, Option<Vec<u8>>)> {
+    let stream = connect(addr, ca_pem, &[b"h2"]).await?;
+    let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .map_err(io)?;
+    tokio::spawn(conn);
+    let req = Request::post(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let response = sender.send_request(req).await.map_err(io)?;
+    let status = response.status();
+    Ok((
+        status,
+        response.into_body().collect().await.map_err(io)?.to_bytes(),
+        alpn,
+    ))
+}
+
+pub fn io(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
+    std::io::Error::other(e)
+}
+
+/// A plain-HTTP GET (the admin port).
+pub async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(StatusCode, String)> {
+    let tcp = TcpStream::connect(addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(io)?;
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = sender.send_request(req).await.map_err(io)?;
+    let status = response.status();
+    let body = response.into_body().collect().await.map_err(io)?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// A CREATE review of an opted-in pod.
+pub fn review(uid: &str) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "test"},
+            "object": {
+                "metadata": {"generateName": "web-", "labels": {"sidecar-injector.io/inject": "true"}},
+                "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]}
+            }
+        }
+    }))
+    .unwrap()
+}
+
+/// Polls `check` until it returns true, at most `limit`.
+pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}

@@ -1,0 +1,475 @@
+//! The server over real sockets: HTTP/1.1 and HTTP/2 by ALPN, certificate rotation without a
+//! restart, configuration reload, the header-read timeout, and SIGTERM under load.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod server_support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::StatusCode;
+use server_support::*;
+use sidecar_injector::server::Server;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+struct Running {
+    server_addr: std::net::SocketAddr,
+    admin_addr: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start(extra: &[&str]) -> Running {
+    install_crypto();
+    let server = Server::start(serve_args(extra)).await.unwrap();
+    let (server_addr, admin_addr) = (server.listen, server.admin_listen);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(server.run_until(async move {
+        let _ = stopped.await;
+    }));
+    Running {
+        server_addr,
+        admin_addr,
+        stop,
+        task,
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn ok_review(body: &[u8]) -> bool {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap();
+    v["response"]["allowed"] == true && v["response"]["patch"].is_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_http1_and_http2_by_alpn() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki("one");
+    pki.write(dir.path());
+    let crt = dir.path().join("tls.crt");
+    let key = dir.path().join("tls.key");
+    let running = start(&[
+        "--tls-cert-file",
+        crt.to_str().unwrap(),
+        "--tls-key-file",
+        key.to_str().unwrap(),
+    ])
+    .await;
+
+    let (status, body) = post_h1(running.server_addr, &pki.ca_pem, "/mutate", review("h1"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(ok_review(&body));
+
+    let (status, body, alpn) = post_h2(running.server_addr, &pki.ca_pem, "/mutate", review("h2"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]));
+    assert!(ok_review(&body));
+
+    // Keep-alive: several requests on one HTTP/1.1 connection.
+    let stream = connect(running.server_addr, &pki.ca_pem, &[b"http/1.1"])
+        .await
+        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    for i in 0..5 {
+        let (status, _) = send(&mut sender, "/validate", review(&format!("ka-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+    }
+
+    let (status, text) = get(running.admin_addr, "/readyz").await.unwrap();
+    assert_eq!((status, text.as_str()), (StatusCode::OK, "ok\n"));
+    let (_, metrics) = get(running.admin_addr, "/metrics").await.unwrap();
+    assert!(
+        metrics
+            .contains(r#"sidecar_injector_reviews_total{webhook="mutate",outcome="injected"} 2"#),
+        "{metrics}"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotates_certificates_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    // kubelet's layout: the files are symlinks into ..data, itself a symlink swapped atomically.
+    let mount = dir.path().join("mount");
+    std::fs::create_dir(&mount).unwrap();
+    let generation = |n: u32, pki: &Pki| {
+        let gen_dir = mount.join(format!("..gen{n}"));
+        std::fs::create_dir(&gen_dir).unwrap();
+        pki.write(&gen_dir);
+        let tmp = mount.join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..gen{n}"), &tmp).unwrap();
+        std::fs::rename(&tmp, mount.join("..data")).unwrap();
+    };
+    let (old, new) = (pki("old"), pki("new"));
+    generation(1, &old);
+    std::os::unix::fs::symlink("..data/tls.crt", mount.join("tls.crt")).unwrap();
+    std::os::unix::fs::symlink("..data/tls.key", mount.join("tls.key")).unwrap();
+    let crt = mount.join("tls.crt");
+    let key = mount.join("tls.key");
+    let running = start(&[
+        "--tls-cert-file",
+        crt.to_str().unwrap(),
+        "--tls-key-file",
+        key.to_str().unwrap(),
+        "--reload-interval",
+        "1s",
+    ])
+    .await;
+    let addr = running.server_addr;
+    assert!(
+        post_h1(addr, &old.ca_pem, "/mutate", review("a"))
+            .await
+            .is_ok()
+    );
+    assert!(
+        post_h1(addr, &new.ca_pem, "/mutate", review("b"))
+            .await
+            .is_err(),
+        "new CA must not work yet"
+    );
+
+    // Requests keep flowing during the rotation; none may fail.
+    let failures = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (failures, done, old_ca, new_ca) = (
+            failures.clone(),
+            done.clone(),
+            old.ca_pem.clone(),
+            new.ca_pem.clone(),
+        );
+        tokio::spawn(async move {
+            let mut sent = 0;
+            while !done.load(Ordering::SeqCst) && sent < 2_000 {
+                sent += 1;
+                let with_old = post_h1(addr, &old_ca, "/mutate", review("r")).await;
+                let with_new = post_h1(addr, &new_ca, "/mutate", review("r")).await;
+                if with_old.is_err() && with_new.is_err() {
+                    failures.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    generation(2, &new);
+    let rotated = eventually(Duration::from_secs(10), async || {
+        post_h1(addr, &new.ca_pem, "/mutate", review("c"))
+            .await
+            .is_ok()
+    })
+    .await;
+    assert!(rotated, "new certificate not served within 10s");
+    assert!(
+        post_h1(addr, &old.ca_pem, "/mutate", review("d"))
+            .await
+            .is_err(),
+        "old CA must fail after rotation"
+    );
+    done.store(true, Ordering::SeqCst);
+    load.await.unwrap();
+    assert_eq!(
+        failures.load(Ordering::SeqCst),
+        0,
+        "requests failed during rotation"
+    );
+
+    // A broken pair keeps the last good one and is counted.
+    let broken_dir = mount.join("..gen3");
+    std::fs::create_dir(&broken_dir).unwrap();
+    std::fs::write(broken_dir.join("tls.crt"), &old.cert_pem).unwrap();
+    std::fs::write(broken_dir.join("tls.key"), &new.key_pem).unwrap(); // key of another cert
+    let tmp = mount.join("..data_tmp");
+    std::os::unix::fs::symlink("..gen3", &tmp).unwrap();
+    std::fs::rename(&tmp, mount.join("..data")).unwrap();
+    let counted = eventually(Duration::from_secs(10), async || {
+        let (_, metrics) = get(running.admin_addr, "/metrics").await.unwrap();
+        metrics.contains(r#"sidecar_injector_reloads_total{kind="certificate",result="error"} 1"#)
+    })
+    .await;
+    assert!(counted, "failed reload not counted");
+    assert!(
+        post_h1(addr, &new.ca_pem, "/mutate", review("e"))
+            .await
+            .is_ok(),
+        "last good certificate still served"
+    );
+    let (_, metrics) = get(running.admin_addr, "/metrics").await.unwrap();
+    assert!(
+        metrics
+            .contains(r#"sidecar_injector_reloads_total{kind="certificate",result="success"} 1"#),
+        "{metrics}"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_configuration_and_keeps_the_last_good_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "templatesDir: .\ndefaultTemplates: [a]\n").unwrap();
+    std::fs::write(
+        dir.path().join("a.yaml.j2"),
+        "containers:\n  - name: first\n    image: a:1\n",
+    )
+    .unwrap();
+    let running = start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--reload-interval",
+        "1s",
+        "--dev-ca-file",
+        dir.path().join("ca.pem").to_str().unwrap(),
+    ])
+    .await;
+    let ca = std::fs::read_to_string(dir.path().join("ca.pem")).unwrap();
+    let patch_mentions = async |word: &str| {
+        let (_, body) = post_h1(running.server_addr, &ca, "/mutate", review("x"))
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        let patch = v["response"]["patch"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        use base64::Engine as _;
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .unwrap();
+        String::from_utf8(decoded).unwrap().contains(word)
+    };
+    assert!(patch_mentions("first").await);
+    std::fs::write(
+        dir.path().join("a.yaml.j2"),
+        "containers:\n  - name: second\n    image: a:2\n",
+    )
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), async || patch_mentions("second")
+            .await)
+        .await,
+        "template change not picked up"
+    );
+    std::fs::write(
+        dir.path().join("a.yaml.j2"),
+        "containers:\n  - name: {{ broken\n",
+    )
+    .unwrap();
+    let counted = eventually(Duration::from_secs(10), async || {
+        let (_, metrics) = get(running.admin_addr, "/metrics").await.unwrap();
+        metrics.contains(r#"sidecar_injector_reloads_total{kind="config",result="error"} 1"#)
+    })
+    .await;
+    assert!(counted, "broken template not reported");
+    assert!(
+        patch_mentions("second").await,
+        "last good configuration kept"
+    );
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_are_cut_off_and_idle_connections_do_not_starve_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    let running = start(&[
+        "--header-read-timeout",
+        "1s",
+        "--dev-ca-file",
+        ca_file.to_str().unwrap(),
+    ])
+    .await;
+    let ca = std::fs::read_to_string(&ca_file).unwrap();
+    // Many idle connections, TLS done, nothing sent.
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(
+            connect(running.server_addr, &ca, &[b"http/1.1"])
+                .await
+                .unwrap(),
+        );
+    }
+    // A client that never finishes its headers.
+    let mut slow = connect(running.server_addr, &ca, &[b"http/1.1"])
+        .await
+        .unwrap();
+    slow.write_all(b"POST /mutate HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
+    // Good requests are served meanwhile.
+    for i in 0..10 {
+        let (status, _) = post_h1(
+            running.server_addr,
+            &ca,
+            "/mutate",
+            review(&format!("g{i}")),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, StatusCode::OK);
+    }
+    // The slow client is cut off after the header timeout (bounded wait).
+    let mut buf = [0u8; 1024];
+    let cut = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match slow.read(&mut buf).await {
+                Ok(0) | Err(_) => break true,
+                Ok(_) => continue,
+            }
+        }
+    })
+    .await;
+    assert_eq!(cut.ok(), Some(true), "slow client not cut off");
+    drop(idle);
+    running.stop().await;
+}
+
+/// SIGTERM with clients sending: readiness fails, in-flight requests finish, no request that
+/// reached the server goes unanswered, exit code 0.
+#[test]
+fn sigterm_under_load_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    let (port, admin) = (free_port(), free_port());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--admin-listen",
+            &format!("127.0.0.1:{admin}"),
+        ])
+        .args([
+            "--dev-ca-file",
+            ca_file.to_str().unwrap(),
+            "--log-format",
+            "json",
+            "--header-read-timeout",
+            "60s",
+        ])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drain the log as it comes, or a full pipe would block the server.
+    let mut stderr = child.stderr.take().unwrap();
+    let log_reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        use std::io::Read as _;
+        let _ = stderr.read_to_string(&mut log);
+        log
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let admin_addr: std::net::SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+    let (answered, refused, lost) = rt.block_on(async {
+        assert!(
+            eventually(Duration::from_secs(20), async || matches!(
+                get(admin_addr, "/readyz").await,
+                Ok((StatusCode::OK, _))
+            ))
+            .await,
+            "server never became ready"
+        );
+        let ca = std::fs::read_to_string(&ca_file).unwrap();
+        let answered = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
+        let lost = Arc::new(AtomicUsize::new(0));
+        let mut clients = Vec::new();
+        for c in 0..8 {
+            let (ca, answered, refused, lost) =
+                (ca.clone(), answered.clone(), refused.clone(), lost.clone());
+            clients.push(tokio::spawn(async move {
+                // Keep-alive connections, reconnecting when the server closes one, as the
+                // API server's client does. Bounded: at most 5,000 requests per client.
+                let mut sender = None;
+                for i in 0..5_000 {
+                    if sender.is_none() {
+                        match connect(addr, &ca, &[b"http/1.1"]).await {
+                            Ok(stream) => {
+                                let (s, conn) = hyper::client::conn::http1::handshake(
+                                    hyper_util::rt::TokioIo::new(stream),
+                                )
+                                .await
+                                .unwrap();
+                                tokio::spawn(conn);
+                                sender = Some(s);
+                            }
+                            // Listener closed: the server was never reached.
+                            Err(_) => {
+                                refused.fetch_add(1, Ordering::SeqCst);
+                                return;
+                            }
+                        }
+                    }
+                    let s = sender.as_mut().unwrap();
+                    if s.ready().await.is_err() {
+                        // Closed after its last response (Connection: close): reconnect.
+                        sender = None;
+                        continue;
+                    }
+                    match send(s, "/mutate", review(&format!("{c}-{i}"))).await {
+                        Ok((StatusCode::OK, body)) if ok_review(&body) => {
+                            answered.fetch_add(1, Ordering::SeqCst);
+                        }
+                        other => {
+                            eprintln!("client {c} request {i}: {other:?}");
+                            lost.fetch_add(1, Ordering::SeqCst);
+                            sender = None;
+                        }
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let before = answered.load(Ordering::SeqCst);
+        assert!(before > 0, "no request answered before SIGTERM");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        for c in clients {
+            tokio::time::timeout(Duration::from_secs(30), c)
+                .await
+                .expect("clients finish")
+                .unwrap();
+        }
+        (
+            answered.load(Ordering::SeqCst),
+            refused.load(Ordering::SeqCst),
+            lost.load(Ordering::SeqCst),
+        )
+    });
+    let status = child.wait().unwrap();
+    let log = log_reader.join().unwrap();
+    eprintln!("answered {answered}, refused {refused}, lost {lost}");
+    assert!(status.success(), "exit status {status:?}\n{log}");
+    assert!(log.contains("drained; exiting"), "{log}");
+    assert!(
+        answered > 0 && refused > 0,
+        "answered {answered}, refused {refused}"
+    );
+    assert_eq!(
+        lost, 0,
+        "requests lost: answered {answered}, refused {refused}\n{log}"
+    );
+}
