@@ -28,6 +28,10 @@ pub enum Command {
         /// Manifest file, or - for standard input.
         #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
         file: PathBuf,
+        /// Namespace for documents that name none (where they will be applied); templates
+        /// render per namespace, so injecting such a document without it is an error.
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
         #[command(flatten)]
         config: ConfigArg,
     },
@@ -47,6 +51,9 @@ pub enum Command {
         /// Manifest file, or - for standard input.
         #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
         file: PathBuf,
+        /// Namespace for documents that name none (default: "default").
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
         #[command(flatten)]
         config: ConfigArg,
     },
@@ -94,9 +101,14 @@ impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Serve(args) => args.run(),
-            Command::Inject { file, config } => {
+            Command::Inject {
+                file,
+                namespace,
+                config,
+            } => {
                 let inj = config.load()?;
-                let output = crate::manifest::inject(&inj, &read_text(&file)?)?;
+                let output =
+                    crate::manifest::inject(&inj, &read_text(&file)?, namespace.as_deref())?;
                 write_stdout(output.as_bytes())
             }
             Command::Review {
@@ -118,9 +130,16 @@ impl Cli {
                 }
                 Ok(())
             }
-            Command::Explain { file, config } => {
+            Command::Explain {
+                file,
+                namespace,
+                config,
+            } => {
                 let inj = config.load()?;
-                write_stdout(crate::explain::explain(&inj, &read_text(&file)?)?.as_bytes())
+                write_stdout(
+                    crate::explain::explain(&inj, &read_text(&file)?, namespace.as_deref())?
+                        .as_bytes(),
+                )
             }
         }
     }

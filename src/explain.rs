@@ -7,8 +7,12 @@ use crate::inject::Edit;
 use crate::manifest::{Doc, DocOutcome, ManifestError, process};
 
 /// A human-readable report of what the injector does to each document.
-pub fn explain(inj: &Injector, text: &str) -> Result<String, ManifestError> {
-    let docs = process(inj, text)?;
+pub fn explain(
+    inj: &Injector,
+    text: &str,
+    namespace: Option<&str>,
+) -> Result<String, ManifestError> {
+    let docs = process(inj, text, namespace)?;
     let mut out = String::new();
     for doc in docs
         .iter()
@@ -59,6 +63,12 @@ fn describe(inj: &Injector, doc: &Doc, out: &mut String) {
             );
             for edit in edits {
                 let _ = writeln!(out, "  + {}", edit_line(edit));
+            }
+            if doc.namespace_guessed {
+                let _ = writeln!(
+                    out,
+                    "  (rendered for namespace \"default\": it names none; pass -n NAMESPACE for where it will be applied)"
+                );
             }
             Ok(())
         }

@@ -72,6 +72,10 @@ pub struct Plan {
 pub struct Status {
     pub templates: Vec<String>,
     pub hash: String,
+    /// Sidecar names the pod already had when it was first injected: the injector left those
+    /// containers alone, so the validator does not hold them to the template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<String>,
 }
 
 /// A request the injector cannot honour; the user sees the message.
@@ -190,7 +194,14 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     if templates.is_empty() && windows {
         return Ok(Decision::Skip(SkipReason::Windows));
     }
-    let status = status_value(&templates);
+    let hash = fragment_hash(&templates);
+    let kept = kept_containers(inj, facts, &templates, &hash, &mut notes);
+    let status = serde_json::to_string(&Status {
+        templates: templates.iter().map(|t| t.name.clone()).collect(),
+        hash,
+        kept,
+    })
+    .unwrap_or_default();
     Ok(Decision::Inject(Plan {
         templates,
         status,
@@ -220,23 +231,78 @@ fn selected_templates(inj: &Injector, facts: &PodFacts<'_>) -> Result<Vec<String
     Ok(names)
 }
 
-fn status_value(templates: &[Rendered]) -> String {
+/// Sidecar names the pod brought itself. Decided when a template is first injected and carried
+/// in the status annotation afterwards, so a reinvocation (which sees our own sidecars) agrees.
+/// A status is trusted only if it describes exactly this rendering (same templates, same hash);
+/// any other status (stale, copied, hand-written) is ignored and what exists now is kept.
+fn kept_containers(
+    inj: &Injector,
+    facts: &PodFacts<'_>,
+    templates: &[Rendered],
+    hash: &str,
+    notes: &mut Vec<String>,
+) -> Vec<String> {
+    let names: Vec<&str> = templates.iter().map(|t| t.name.as_str()).collect();
+    let previous = facts
+        .annotations()
+        .get(&inj.config.status_annotation)
+        .and_then(|v| serde_json::from_str::<Status>(v).ok())
+        .filter(|p| p.hash == hash && p.templates == names)
+        .unwrap_or(Status {
+            templates: Vec::new(),
+            hash: String::new(),
+            kept: Vec::new(),
+        });
+    let spec = facts.pod.spec.as_ref();
+    let existing: BTreeSet<&str> = spec
+        .map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+                .map(|c| c.name.as_str())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut kept = Vec::new();
+    for t in templates {
+        let injected_before = previous.templates.contains(&t.name);
+        for name in t.fragment.sidecar_names() {
+            let keep = if injected_before {
+                previous.kept.iter().any(|k| k == name)
+            } else {
+                existing.contains(name)
+            };
+            if keep {
+                if !injected_before {
+                    notes.push(format!(
+                        "the pod already has a container named {name:?}; it was kept and template {:?}'s sidecar was not injected",
+                        t.name
+                    ));
+                }
+                kept.push(name.to_owned());
+            }
+        }
+    }
+    kept
+}
+
+/// A short hash of what the templates rendered, for the status annotation.
+fn fragment_hash(templates: &[Rendered]) -> String {
     let mut hasher = Sha256::new();
     for t in templates {
         hasher.update(t.name.as_bytes());
         hasher.update([0]);
-        // Serializing derived structs cannot fail; an empty hash input would only weaken drift
+        // Serializing derived structs cannot fail; an empty input would only weaken drift
         // detection, never break injection.
         hasher.update(serde_json::to_vec(&t.fragment).unwrap_or_default());
         hasher.update([0]);
     }
-    let digest = hasher.finalize();
-    let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    let status = Status {
-        templates: templates.iter().map(|t| t.name.clone()).collect(),
-        hash,
-    };
-    serde_json::to_string(&status).unwrap_or_default()
+    hasher
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 // === Edits ===

@@ -55,6 +55,8 @@ pub struct Doc {
     pub outcome: DocOutcome,
     /// The injected object, when something was added.
     pub output: Option<Value>,
+    /// The document names no namespace and none was given: it was rendered for `default`.
+    pub namespace_guessed: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +82,11 @@ pub enum ManifestError {
         id: String,
         message: String,
     },
+    #[error(
+        "document {index} ({id}) has no metadata.namespace: sidecars are rendered for the pod's namespace, \
+         so pass --namespace (-n) with the namespace it will be applied to"
+    )]
+    NoNamespace { index: usize, id: String },
     #[error("document {index} ({id}): cannot write YAML: {message}")]
     Write {
         index: usize,
@@ -112,17 +119,35 @@ pub fn split_documents(text: &str) -> Vec<&str> {
 
 /// Decides every document. A document that cannot be read stops here; a pod the injector
 /// cannot honour (an unknown template) is reported in its [`Doc::outcome`].
-pub fn process(inj: &Injector, text: &str) -> Result<Vec<Doc>, ManifestError> {
+/// `namespace` is used for documents that name none (as `kubectl apply -n`).
+pub fn process(
+    inj: &Injector,
+    text: &str,
+    namespace: Option<&str>,
+) -> Result<Vec<Doc>, ManifestError> {
     split_documents(text)
         .into_iter()
         .enumerate()
-        .map(|(i, source)| process_one(inj, i + 1, source))
+        .map(|(i, source)| process_one(inj, i + 1, source, namespace))
         .collect()
 }
 
 /// `inject -f`: the injected YAML stream, or the first document that cannot be injected.
-pub fn inject(inj: &Injector, text: &str) -> Result<String, ManifestError> {
-    let mut docs = process(inj, text)?;
+pub fn inject(
+    inj: &Injector,
+    text: &str,
+    namespace: Option<&str>,
+) -> Result<String, ManifestError> {
+    let mut docs = process(inj, text, namespace)?;
+    if let Some(index) = docs
+        .iter()
+        .position(|d| d.namespace_guessed && d.output.is_some())
+    {
+        return Err(ManifestError::NoNamespace {
+            index: index + 1,
+            id: docs.swap_remove(index).id,
+        });
+    }
     if let Some(index) = docs
         .iter()
         .position(|d| matches!(d.outcome, DocOutcome::Failed(_)))
@@ -143,12 +168,18 @@ fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
-fn process_one(inj: &Injector, index: usize, source: &str) -> Result<Doc, ManifestError> {
+fn process_one(
+    inj: &Injector,
+    index: usize,
+    source: &str,
+    namespace: Option<&str>,
+) -> Result<Doc, ManifestError> {
     let passthrough = |id: String| Doc {
         source: source.to_owned(),
         id,
         outcome: DocOutcome::Passthrough,
         output: None,
+        namespace_guessed: false,
     };
     let value: Value = serde_saphyr::from_str::<Option<Value>>(source)
         .map_err(|e| ManifestError::Yaml {
@@ -174,8 +205,9 @@ fn process_one(inj: &Injector, index: usize, source: &str) -> Result<Doc, Manife
         id: id.clone(),
         message,
     })?;
-    let namespace = Some(str_at(&value, "/metadata/namespace")).filter(|ns| !ns.is_empty());
-    let facts = PodFacts::new(&pod, namespace);
+    let own = Some(str_at(&value, "/metadata/namespace")).filter(|ns| !ns.is_empty());
+    let namespace_guessed = own.is_none() && namespace.is_none();
+    let facts = PodFacts::new(&pod, own.or(namespace));
     let outcome = match decide(inj, &facts) {
         Err(error) => DocOutcome::Failed(error),
         Ok(Decision::NotOptedIn) => DocOutcome::NotOptedIn,
@@ -217,6 +249,7 @@ fn process_one(inj: &Injector, index: usize, source: &str) -> Result<Doc, Manife
         id,
         outcome,
         output,
+        namespace_guessed,
     })
 }
 
@@ -275,7 +308,7 @@ mod tests {
         let input = format!(
             "# a comment kept\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n---\n{DEPLOYMENT}"
         );
-        let once = render(&process(&inj, &input).expect("first")).expect("render");
+        let once = render(&process(&inj, &input, None).expect("first")).expect("render");
         assert!(once.starts_with("---\n# a comment kept\n"), "{once}");
         assert!(once.contains("name: log-shipper"), "{once}");
         assert!(
@@ -283,7 +316,7 @@ mod tests {
                 || once.contains("sidecar-injector.io/inject: \"true\""),
             "{once}"
         );
-        let docs = process(&inj, &once).expect("second");
+        let docs = process(&inj, &once, None).expect("second");
         assert!(
             matches!(docs[1].outcome, DocOutcome::AlreadyInjected { .. }),
             "{:?}",
@@ -295,7 +328,7 @@ mod tests {
     #[test]
     fn bad_yaml_names_the_document() {
         let inj = Injector::embedded(None).expect("embedded");
-        let err = process(&inj, "a: 1\n---\nb: [\n").expect_err("bad yaml");
+        let err = process(&inj, "a: 1\n---\nb: [\n", None).expect_err("bad yaml");
         assert!(
             err.to_string().starts_with("document 2: invalid YAML"),
             "{err}"

@@ -121,14 +121,47 @@ fn refuse_unreadable(body: &[u8], error: &serde_json::Error) -> Result<Answer, R
     #[serde(rename_all = "camelCase")]
     struct Envelope {
         api_version: String,
-        request: UidOnly,
+        request: Header,
     }
     #[derive(Deserialize)]
-    struct UidOnly {
+    #[serde(rename_all = "camelCase")]
+    struct Header {
         uid: String,
+        #[serde(default)]
+        operation: String,
+        #[serde(default)]
+        sub_resource: Option<String>,
     }
     let message = format!("sidecar-injector cannot read this AdmissionReview: {error}");
     match serde_json::from_slice::<Envelope>(body) {
+        // CONNECT (pods/exec, pods/attach) and subresources carry other kinds of object
+        // (PodExecOptions, Eviction...). The injector has nothing to say about them.
+        Ok(env)
+            if VERSIONS.contains(&env.api_version.as_str())
+                && !env.request.uid.is_empty()
+                && (matches!(env.request.operation.as_str(), "DELETE" | "CONNECT")
+                    || env
+                        .request
+                        .sub_resource
+                        .as_deref()
+                        .is_some_and(|s| !s.is_empty())) =>
+        {
+            let mut response = AdmissionResponse::invalid("");
+            response.types.api_version = env.api_version;
+            response.uid = env.request.uid.clone();
+            response.allowed = true;
+            response.result = Status::default();
+            let summary = Summary {
+                uid: env.request.uid,
+                operation: env.request.operation,
+                ..Summary::default()
+            };
+            Ok(Answer {
+                body: encode(response),
+                outcome: Outcome::Allowed,
+                summary,
+            })
+        }
         Ok(env) if VERSIONS.contains(&env.api_version.as_str()) && !env.request.uid.is_empty() => {
             let mut response = AdmissionResponse::invalid(&message);
             response.types.api_version = env.api_version;
@@ -356,7 +389,9 @@ fn problems_or_none(inj: &Injector, pod: &Pod, namespace: Option<&str>) -> Vec<S
 /// `[]byte` fields; key order is fixed, so the same review always gives the same bytes.
 pub fn encode(mut response: AdmissionResponse) -> Vec<u8> {
     let patch = response.patch.take();
-    let review = response.into_review();
+    let mut review = response.into_review();
+    // Echoed from the request, which a damaged review may have left empty.
+    review.types.kind = "AdmissionReview".to_owned();
     let mut value = serde_json::to_value(&review).unwrap_or_default();
     if let (Some(patch), Some(r)) = (
         patch,

@@ -4,6 +4,8 @@
 //! The API server defaults some of them after mutation (a port's protocol, a field reference's
 //! API version, requests copied from limits); both sides are normalised the same way first.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde_json::Value;
 
@@ -26,28 +28,44 @@ pub const OWNED_FIELDS: &[&str] = &[
 /// Everything wrong with `pod` for `plan`, in words a person can act on. Empty: the pod is valid.
 pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
     let mut out = Vec::new();
+    let key = &inj.config.status_annotation;
+    let status = pod.metadata.annotations.as_ref().and_then(|a| a.get(key));
+    let parsed = status.map(|v| serde_json::from_str::<Status>(v));
+    let kept: BTreeSet<&str> = match &parsed {
+        Some(Ok(status)) => status.kept.iter().map(String::as_str).collect(),
+        _ => BTreeSet::new(),
+    };
     let empty_spec = Default::default();
     let spec = pod.spec.as_ref().unwrap_or(&empty_spec);
     let containers = spec.containers.as_slice();
     let init = spec.init_containers.as_deref().unwrap_or_default();
     for t in &plan.templates {
-        let expected = [(
-            "containers",
-            &t.fragment.containers,
-            containers,
-            "initContainers",
-            init,
-        )];
-        let expected_init = [(
-            "initContainers",
-            &t.fragment.init_containers,
-            init,
-            "containers",
-            containers,
-        )];
-        for (list, wanted, actual, other_list, other) in expected.into_iter().chain(expected_init) {
+        let lists = [
+            (
+                "containers",
+                &t.fragment.containers,
+                containers,
+                "initContainers",
+                init,
+            ),
+            (
+                "initContainers",
+                &t.fragment.init_containers,
+                init,
+                "containers",
+                containers,
+            ),
+        ];
+        for (list, wanted, actual, other_list, other) in lists {
             for want in wanted {
-                match actual.iter().find(|c| c.name == want.name) {
+                let found = actual.iter().find(|c| c.name == want.name);
+                // A container the pod brought itself under a sidecar's name was left alone.
+                if kept.contains(want.name.as_str())
+                    && (found.is_some() || other.iter().any(|c| c.name == want.name))
+                {
+                    continue;
+                }
+                match found {
                     Some(have) => {
                         let changed = changed_fields(want, have);
                         if !changed.is_empty() {
@@ -84,48 +102,85 @@ pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
             }
         }
     }
-    let key = &inj.config.status_annotation;
-    match pod.metadata.annotations.as_ref().and_then(|a| a.get(key)) {
+    let wanted: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
+    match parsed {
         None => out.push(format!(
             "annotation {key} is missing: the pod did not pass through the sidecar injector"
         )),
-        Some(value) => {
-            let wanted: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
-            match serde_json::from_str::<Status>(value) {
-                Ok(status) if status.templates == wanted => {}
-                Ok(status) => out.push(format!(
-                    "annotation {key} lists templates [{}] but the pod asks for [{}]",
-                    status.templates.join(", "),
-                    wanted.join(", ")
-                )),
-                Err(_) => out.push(format!(
-                    "annotation {key} is not a status the injector wrote: {value:?}"
-                )),
-            }
-        }
+        Some(Ok(status)) if status.templates == wanted => {}
+        Some(Ok(status)) => out.push(format!(
+            "annotation {key} lists templates [{}] but the pod asks for [{}]",
+            status.templates.join(", "),
+            wanted.join(", ")
+        )),
+        Some(Err(_)) => out.push(format!(
+            "annotation {key} is not a status the injector wrote: {:?}",
+            status.map(String::as_str).unwrap_or_default()
+        )),
     }
     out
 }
 
 /// The owned fields that differ between what the template renders and what the pod carries.
+///
+/// Other admission plugins legitimately add to a sidecar after us: the ServiceAccount plugin
+/// mounts the API token into every container, LimitRanger fills in missing resources, other
+/// webhooks add environment variables. So `env`, `volumeMounts` and `resources` must contain
+/// everything the template sets, unchanged; the other owned fields must be equal.
 fn changed_fields(want: &Container, have: &Container) -> Vec<String> {
     let want = owned(want);
     let have = owned(have);
-    OWNED_FIELDS
-        .iter()
-        .filter(|f| want.get(**f) != have.get(**f))
-        .map(|f| match (f, want.get(*f), have.get(*f)) {
-            (&"image", Some(w), h) => {
-                format!(
-                    "image is {} but the template sets {w}",
-                    h.map_or("unset".into(), Value::to_string)
-                )
+    let mut changed = Vec::new();
+    for field in OWNED_FIELDS {
+        let (w, h) = (want.get(*field), have.get(*field));
+        let problem = match *field {
+            "env" => {
+                missing_entries(w, h, "name").map(|names| format!("env {names} removed or changed"))
             }
-            (f, _, None) => format!("{f} was removed"),
-            (f, None, _) => format!("{f} was added"),
-            (f, _, _) => format!("{f} differs"),
-        })
-        .collect()
+            "volumeMounts" => missing_entries(w, h, "mountPath")
+                .map(|paths| format!("volumeMounts at {paths} removed or changed")),
+            "resources" => (!resources_contained(w, h)).then(|| "resources differ".to_owned()),
+            _ if w == h => None,
+            "image" => Some(format!(
+                "image is {} but the template sets {}",
+                h.map_or("unset".into(), Value::to_string),
+                w.map_or("unset".into(), Value::to_string)
+            )),
+            f if h.is_none() => Some(format!("{f} was removed")),
+            f if w.is_none() => Some(format!("{f} was added")),
+            f => Some(format!("{f} differs")),
+        };
+        changed.extend(problem);
+    }
+    changed
+}
+
+/// The entries of `want` (an array of objects keyed by `key`) missing from `have` or different
+/// there, as a comma-separated list of keys; `None` when all are present and equal.
+fn missing_entries(want: Option<&Value>, have: Option<&Value>, key: &str) -> Option<String> {
+    let have = have
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let missing: Vec<String> = want
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|w| !have.iter().any(|h| h == *w))
+        .map(|w| w.get(key).map_or_else(|| w.to_string(), Value::to_string))
+        .collect();
+    (!missing.is_empty()).then(|| missing.join(", "))
+}
+
+/// Every request and limit the template sets is present with the same quantity.
+fn resources_contained(want: Option<&Value>, have: Option<&Value>) -> bool {
+    ["requests", "limits"].iter().all(|section| {
+        let want = want.and_then(|w| w.get(section)).and_then(Value::as_object);
+        let have = have.and_then(|h| h.get(section)).and_then(Value::as_object);
+        want.into_iter()
+            .flatten()
+            .all(|(name, quantity)| have.and_then(|h| h.get(name)) == Some(quantity))
+    })
 }
 
 /// The owned fields of a container, normalised: empty values dropped and the API server's

@@ -132,7 +132,7 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
     // The same bytes as the library writes.
     assert_eq!(
         injected,
-        sidecar_injector::manifest::inject(&injector(), &text).expect("library injects")
+        sidecar_injector::manifest::inject(&injector(), &text, None).expect("library injects")
     );
 
     let before = split_documents(&text);
@@ -309,7 +309,7 @@ fn explain_gives_every_reason() {
     let reasons = read(&input("manifests/reasons.yaml"));
     // One more document: a pod the injector already injected.
     let fresh = "apiVersion: v1\nkind: Pod\nmetadata: {name: done, namespace: shop, labels: {sidecar-injector.io/inject: \"true\"}}\nspec: {containers: [{name: app, image: nginx:1.27}]}\n";
-    let done = sidecar_injector::manifest::inject(&injector(), fresh).expect("injects");
+    let done = sidecar_injector::manifest::inject(&injector(), fresh, None).expect("injects");
     let text = format!("{reasons}---\n{done}");
     let out = run_with_stdin(&["explain", "-f", "-"], text.as_bytes());
     let report = stdout(succeeds(&out));
