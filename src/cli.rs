@@ -24,17 +24,7 @@ pub enum Command {
     /// Serve the mutating (/mutate) and validating (/validate) webhooks over TLS.
     Serve(crate::server::ServeArgs),
     /// Inject sidecars into manifests (multi-document YAML) and print the result.
-    Inject {
-        /// Manifest file, or - for standard input.
-        #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
-        file: PathBuf,
-        /// Namespace for documents that name none (where they will be applied); templates
-        /// render per namespace, so injecting such a document without it is an error.
-        #[arg(short = 'n', long)]
-        namespace: Option<String>,
-        #[command(flatten)]
-        config: ConfigArg,
-    },
+    Inject(ManifestArgs),
     /// Answer a captured AdmissionReview exactly as the server would.
     Review {
         /// AdmissionReview file (JSON), or - for standard input.
@@ -47,16 +37,22 @@ pub enum Command {
         config: ConfigArg,
     },
     /// Explain, for each pod or pod template, whether it is injected, why, and what is added.
-    Explain {
-        /// Manifest file, or - for standard input.
-        #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
-        file: PathBuf,
-        /// Namespace for documents that name none (default: "default").
-        #[arg(short = 'n', long)]
-        namespace: Option<String>,
-        #[command(flatten)]
-        config: ConfigArg,
-    },
+    Explain(ManifestArgs),
+}
+
+/// What `inject` and `explain` read.
+#[derive(Debug, Args)]
+pub struct ManifestArgs {
+    /// Manifest file (multi-document YAML), or - for standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
+    pub file: PathBuf,
+    /// Namespace for documents that name none: where they will be applied. Templates render
+    /// per namespace, so `inject` refuses such a document without it (`explain` assumes
+    /// "default" and says so).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    #[command(flatten)]
+    pub config: ConfigArg,
 }
 
 /// The configuration flag every subcommand shares.
@@ -101,11 +97,11 @@ impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Serve(args) => args.run(),
-            Command::Inject {
+            Command::Inject(ManifestArgs {
                 file,
                 namespace,
                 config,
-            } => {
+            }) => {
                 let inj = config.load()?;
                 let output =
                     crate::manifest::inject(&inj, &read_text(&file)?, namespace.as_deref())?;
@@ -130,11 +126,11 @@ impl Cli {
                 }
                 Ok(())
             }
-            Command::Explain {
+            Command::Explain(ManifestArgs {
                 file,
                 namespace,
                 config,
-            } => {
+            }) => {
                 let inj = config.load()?;
                 write_stdout(
                     crate::explain::explain(&inj, &read_text(&file)?, namespace.as_deref())?
