@@ -1,0 +1,115 @@
+//! What the runner (`e2e/run.sh` or `e2e/kind/run.sh`) tells the suite, through the environment.
+
+use std::path::PathBuf;
+
+/// Where the suite runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// `e2e/run.sh`: local control plane, server process on 127.0.0.1, audit log on disk.
+    Local,
+    /// `e2e/kind/run.sh`: the chart's in-cluster Deployment; no audit log, no process control.
+    Kind,
+}
+
+/// Something a scenario needs beyond a cluster with the webhooks registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// The apiserver's audit log (`AUDIT_LOG`), with pods logged at `Request` level.
+    AuditLog,
+    /// Stopping and starting the server process (`E2E_INJECTOR_CTL`).
+    ProcessControl,
+    /// A webhook served from the test binary on 127.0.0.1 that the apiserver can call.
+    LoopbackWebhooks,
+    /// The server's URL on 127.0.0.1 and its CA, to install the chart in url mode.
+    ServerUrl,
+}
+
+/// The environment of one run.
+#[derive(Clone, Debug)]
+pub struct Env {
+    pub mode: Mode,
+    /// `AUDIT_LOG`: the apiserver's audit log (local mode).
+    pub audit_log: Option<PathBuf>,
+    /// `E2E_INJECTOR_CTL`: a program taking `stop` or `start` for the server process.
+    pub injector_ctl: Option<PathBuf>,
+    /// `E2E_WEBHOOK_URL`: `https://127.0.0.1:PORT` of the server (local mode).
+    pub webhook_url: Option<String>,
+    /// `CA_CERT`: the CA that signed the server's certificate (local mode).
+    pub ca_cert: Option<PathBuf>,
+    /// `E2E_CHART`: the chart directory.
+    pub chart: PathBuf,
+    /// `HELM`: the helm binary.
+    pub helm: String,
+    /// `E2E_RELEASE_NAMESPACE`: the injector's namespace (the server's `SIDECAR_INJECTOR_NAMESPACE`).
+    pub injector_namespace: String,
+    /// `E2E_WEBHOOK_CONFIG`: name of the Mutating- and ValidatingWebhookConfiguration.
+    pub webhook_config: String,
+}
+
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+impl Env {
+    pub fn load() -> anyhow::Result<Self> {
+        let mode = match var("E2E_MODE").as_deref() {
+            None | Some("local") => Mode::Local,
+            Some("kind") => Mode::Kind,
+            Some(other) => anyhow::bail!("E2E_MODE must be local or kind, got {other:?}"),
+        };
+        anyhow::ensure!(
+            var("KUBECONFIG").is_some(),
+            "KUBECONFIG is not set: run the suite through e2e/run.sh or e2e/kind/run.sh"
+        );
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+        Ok(Self {
+            mode,
+            audit_log: var("AUDIT_LOG").map(PathBuf::from),
+            injector_ctl: var("E2E_INJECTOR_CTL").map(PathBuf::from),
+            webhook_url: var("E2E_WEBHOOK_URL"),
+            ca_cert: var("CA_CERT").map(PathBuf::from),
+            chart: var("E2E_CHART")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| repo.join("charts/sidecar-injector")),
+            helm: var("HELM").unwrap_or_else(|| "helm".into()),
+            injector_namespace: var("E2E_RELEASE_NAMESPACE")
+                .unwrap_or_else(|| "sidecar-injector".into()),
+            webhook_config: var("E2E_WEBHOOK_CONFIG").unwrap_or_else(|| "sidecar-injector".into()),
+        })
+    }
+
+    /// Why a scenario needing `needs` cannot run here, or `None` when it can. In local mode a
+    /// missing piece is an error of the runner, not a reason to skip.
+    pub fn missing(&self, needs: &[Need]) -> anyhow::Result<Option<String>> {
+        for need in needs {
+            let (present, kind_reason) = match need {
+                Need::AuditLog => (
+                    self.audit_log.is_some(),
+                    "kind's apiserver writes no audit log the suite can read (it needs apiserver flags)",
+                ),
+                Need::ProcessControl => (
+                    self.injector_ctl.is_some(),
+                    "the server runs as a Deployment in kind; stopping the process is a local-mode check",
+                ),
+                Need::LoopbackWebhooks => (
+                    self.mode == Mode::Local,
+                    "kind's apiserver runs in a container and cannot call a webhook on the test machine's 127.0.0.1",
+                ),
+                Need::ServerUrl => (
+                    self.webhook_url.is_some() && self.ca_cert.is_some(),
+                    "installing the chart in url mode needs a server on 127.0.0.1 that the apiserver can reach",
+                ),
+            };
+            if present {
+                continue;
+            }
+            match self.mode {
+                Mode::Kind => return Ok(Some(kind_reason.into())),
+                Mode::Local => anyhow::bail!(
+                    "local mode but {need:?} is not available: set AUDIT_LOG, E2E_INJECTOR_CTL, E2E_WEBHOOK_URL and CA_CERT (e2e/run.sh does)"
+                ),
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,309 @@
+//! Pods the scenarios create, and what an injected or untouched pod looks like once stored.
+//!
+//! The expectations follow the bundled templates (`templates/`): `proxy` is a native sidecar
+//! (an init container with `restartPolicy: Always`) placed before the pod's own init containers
+//! and gives application containers `SIDECAR_PROXY_PORT`; `log-shipper` is a container with the
+//! volume `sidecar-logs`, mounted with `APP_LOG_DIR` into application containers.
+
+use anyhow::ensure;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kube::api::ObjectMeta;
+use serde_json::json;
+
+pub const INJECT_LABEL: &str = "sidecar-injector.io/inject";
+pub const TEMPLATES_ANNOTATION: &str = "sidecar-injector.io/templates";
+pub const STATUS_ANNOTATION: &str = "sidecar-injector.io/status";
+/// The image of every container the suite writes itself; no kubelet pulls it locally.
+pub const APP_IMAGE: &str = "registry.k8s.io/pause:3.10";
+pub const PROXY: &str = "proxy";
+pub const LOG_SHIPPER: &str = "log-shipper";
+pub const LOGS_VOLUME: &str = "sidecar-logs";
+pub const LOG_DIR: &str = "/var/log/app";
+pub const PROXY_PORT: &str = "15001";
+/// Names of containers that are sidecars, not application containers.
+pub const SIDECARS: &[&str] = &[PROXY, LOG_SHIPPER];
+
+/// A pod with one application container and one init container of its own; no labels.
+pub fn app_pod(name: &str) -> Pod {
+    let container = |name: &str| Container {
+        name: name.into(),
+        image: Some(APP_IMAGE.into()),
+        ..Default::default()
+    };
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([("app".to_owned(), name.to_owned())].into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            init_containers: Some(vec![container("app-init")]),
+            containers: vec![container("app")],
+            termination_grace_period_seconds: Some(0),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// `app_pod` carrying the opt-in label.
+pub fn opted_in(name: &str) -> Pod {
+    labelled(app_pod(name), INJECT_LABEL, "true")
+}
+
+pub fn labelled(mut pod: Pod, key: &str, value: &str) -> Pod {
+    pod.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(key.into(), value.into());
+    pod
+}
+
+pub fn annotated(mut pod: Pod, key: &str, value: &str) -> Pod {
+    pod.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(key.into(), value.into());
+    pod
+}
+
+/// Builds a typed object from JSON written in a test.
+pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> anyhow::Result<T> {
+    serde_json::from_value(value)
+        .map_err(|e| anyhow::anyhow!("test object does not deserialize: {e}"))
+}
+
+pub fn containers(pod: &Pod) -> &[Container] {
+    pod.spec.as_ref().map_or(&[], |s| s.containers.as_slice())
+}
+
+pub fn init_containers(pod: &Pod) -> &[Container] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default()
+}
+
+fn names(list: &[Container]) -> Vec<&str> {
+    list.iter().map(|c| c.name.as_str()).collect()
+}
+
+/// How many containers and init containers are called `name`.
+pub fn count_named(pod: &Pod, name: &str) -> usize {
+    containers(pod)
+        .iter()
+        .chain(init_containers(pod))
+        .filter(|c| c.name == name)
+        .count()
+}
+
+pub fn volume_count(pod: &Pod, name: &str) -> usize {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .map_or(0, |v| v.iter().filter(|v| v.name == name).count())
+}
+
+pub fn env_value<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
+    container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .map(|e| e.value.as_deref().unwrap_or_default())
+}
+
+fn has_logs_mount(container: &Container) -> bool {
+    container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.name == LOGS_VOLUME && m.mount_path == LOG_DIR)
+}
+
+/// Application containers (containers that are not sidecars).
+pub fn app_containers(pod: &Pod) -> impl Iterator<Item = &Container> {
+    containers(pod)
+        .iter()
+        .filter(|c| !SIDECARS.contains(&c.name.as_str()))
+}
+
+pub fn status_annotation(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(STATUS_ANNOTATION))
+        .map(String::as_str)
+}
+
+/// The application container `name` got what the templates give every application container.
+pub fn check_app_container_injected(pod: &Pod, name: &str) -> anyhow::Result<()> {
+    let c = containers(pod)
+        .iter()
+        .find(|c| c.name == name)
+        .ok_or_else(|| anyhow::anyhow!("no container {name:?} in {:?}", names(containers(pod))))?;
+    ensure!(
+        env_value(c, "APP_LOG_DIR") == Some(LOG_DIR),
+        "container {name:?} lacks APP_LOG_DIR={LOG_DIR}: env {:?}",
+        c.env
+    );
+    ensure!(
+        env_value(c, "SIDECAR_PROXY_PORT") == Some(PROXY_PORT),
+        "container {name:?} lacks SIDECAR_PROXY_PORT={PROXY_PORT}: env {:?}",
+        c.env
+    );
+    ensure!(
+        has_logs_mount(c),
+        "container {name:?} lacks the {LOGS_VOLUME} mount at {LOG_DIR}: {:?}",
+        c.volume_mounts
+    );
+    let env_names: Vec<&str> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    for n in &env_names {
+        ensure!(
+            env_names.iter().filter(|m| *m == n).count() == 1,
+            "container {name:?} has env {n} twice"
+        );
+    }
+    Ok(())
+}
+
+/// The stored pod carries both default templates exactly once, in the right places, and the
+/// status annotation.
+pub fn check_injected(pod: &Pod) -> anyhow::Result<()> {
+    let init = init_containers(pod);
+    let pod_name = pod.metadata.name.as_deref().unwrap_or("<unnamed>");
+    ensure!(
+        count_named(pod, PROXY) == 1 && count_named(pod, LOG_SHIPPER) == 1,
+        "pod {pod_name}: expected one proxy and one log-shipper, got init {:?}, containers {:?}",
+        names(init),
+        names(containers(pod))
+    );
+    let proxy = init.first().filter(|c| c.name == PROXY).ok_or_else(|| {
+        anyhow::anyhow!(
+            "pod {pod_name}: proxy is not the first init container: {:?}",
+            names(init)
+        )
+    })?;
+    ensure!(
+        proxy.restart_policy.as_deref() == Some("Always"),
+        "pod {pod_name}: proxy is not a native sidecar (restartPolicy {:?})",
+        proxy.restart_policy
+    );
+    ensure!(
+        containers(pod).iter().any(|c| c.name == LOG_SHIPPER),
+        "pod {pod_name}: log-shipper is not in spec.containers"
+    );
+    ensure!(
+        volume_count(pod, LOGS_VOLUME) == 1,
+        "pod {pod_name}: expected one volume {LOGS_VOLUME}"
+    );
+    let apps: Vec<&str> = app_containers(pod).map(|c| c.name.as_str()).collect();
+    ensure!(!apps.is_empty(), "pod {pod_name}: no application container");
+    for app in apps {
+        check_app_container_injected(pod, app)?;
+    }
+    let status = status_annotation(pod)
+        .ok_or_else(|| anyhow::anyhow!("pod {pod_name}: no {STATUS_ANNOTATION} annotation"))?;
+    let status: serde_json::Value = serde_json::from_str(status)?;
+    ensure!(
+        status["templates"] == json!([LOG_SHIPPER, PROXY]),
+        "pod {pod_name}: status annotation lists {}",
+        status["templates"]
+    );
+    ensure!(
+        status["hash"].as_str().is_some_and(|h| !h.is_empty()),
+        "pod {pod_name}: status annotation has no hash: {status}"
+    );
+    Ok(())
+}
+
+/// The pod's own init containers come after the injected proxy, in their original order.
+pub fn check_own_init_after_proxy(pod: &Pod, own: &[&str]) -> anyhow::Result<()> {
+    let init = names(init_containers(pod));
+    let mut expected = vec![PROXY];
+    expected.extend_from_slice(own);
+    ensure!(
+        init == expected,
+        "init containers are {init:?}, expected {expected:?}"
+    );
+    Ok(())
+}
+
+/// Nothing of the injector's is on the stored pod.
+pub fn check_untouched(pod: &Pod) -> anyhow::Result<()> {
+    let pod_name = pod.metadata.name.as_deref().unwrap_or("<unnamed>");
+    for sidecar in SIDECARS {
+        ensure!(
+            count_named(pod, sidecar) == 0,
+            "pod {pod_name} got sidecar {sidecar}"
+        );
+    }
+    ensure!(
+        volume_count(pod, LOGS_VOLUME) == 0,
+        "pod {pod_name} got volume {LOGS_VOLUME}"
+    );
+    ensure!(
+        status_annotation(pod).is_none(),
+        "pod {pod_name} got the status annotation"
+    );
+    for c in containers(pod) {
+        ensure!(
+            env_value(c, "APP_LOG_DIR").is_none() && env_value(c, "SIDECAR_PROXY_PORT").is_none(),
+            "pod {pod_name}: container {} got the injector's env",
+            c.name
+        );
+        ensure!(
+            !has_logs_mount(c),
+            "pod {pod_name}: container {} got the logs mount",
+            c.name
+        );
+    }
+    Ok(())
+}
+
+fn is_token_volume(name: &str) -> bool {
+    name.starts_with("kube-api-access-")
+}
+
+/// Removes the ServiceAccount token mount the apiserver adds (its volume has a random name; the
+/// apiserver adds a new one when the container is used in another pod).
+pub fn without_token_mount(mut c: Container) -> Container {
+    if let Some(mounts) = c.volume_mounts.as_mut() {
+        mounts.retain(|m| !is_token_volume(&m.name));
+    }
+    c
+}
+
+/// A pod to create again from what the apiserver returned for another one: its name, labels,
+/// annotations and spec, minus what admission plugins compute themselves (the ServiceAccount
+/// token volume, priority).
+pub fn recreate_from(stored: &Pod, name: &str) -> Pod {
+    let mut pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: stored.metadata.labels.clone(),
+            annotations: stored.metadata.annotations.clone(),
+            ..Default::default()
+        },
+        spec: stored.spec.clone(),
+        status: None,
+    };
+    if let Some(spec) = pod.spec.as_mut() {
+        if let Some(volumes) = spec.volumes.as_mut() {
+            volumes.retain(|v| !is_token_volume(&v.name));
+        }
+        spec.containers = std::mem::take(&mut spec.containers)
+            .into_iter()
+            .map(without_token_mount)
+            .collect();
+        spec.init_containers = spec
+            .init_containers
+            .take()
+            .map(|cs| cs.into_iter().map(without_token_mount).collect());
+        spec.node_name = None;
+        // Computed by the Priority admission plugin, which refuses a pod that sets them itself.
+        spec.priority = None;
+        spec.preemption_policy = None;
+    }
+    pod
+}
