@@ -1,0 +1,850 @@
+//! The end-to-end scenarios. Run through `e2e/run.sh` (local control plane) or
+//! `e2e/kind/run.sh` (kind), one at a time (`--test-threads=1`): some change the shared webhook
+//! configurations and put them back. Every check reads what the apiserver stored; no kubelet
+//! runs locally, so pods stay Pending.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use sidecar_injector_e2e::adder::Adder;
+use sidecar_injector_e2e::cluster::{WAIT, accepts, dry_run, rejects, scenario};
+use sidecar_injector_e2e::env::{Mode, Need};
+use sidecar_injector_e2e::pods::*;
+use sidecar_injector_e2e::webhooks::{
+    MUTATING_WEBHOOK, VALIDATING_WEBHOOK, closed_port, delete_mutating, mutating, point_at_port,
+    validating, wait_for_injection, wait_for_refusal, with_mutating_changed,
+};
+use sidecar_injector_e2e::{audit, eventually, metrics};
+
+/// The webhook configurations are registered with the fields the brief and the chart promise.
+#[tokio::test]
+async fn s00_webhooks_are_registered_as_documented() -> anyhow::Result<()> {
+    scenario("s00-registration", &[], |cx| async move {
+        let name = &cx.env.webhook_config;
+        let m = mutating(&cx.client).get(name).await?;
+        let v = validating(&cx.client).get(name).await?;
+        let m = serde_json::to_value(&m)?;
+        let v = serde_json::to_value(&v)?;
+        for (kind, cfg, webhook, path, ops) in [
+            (
+                "mutating",
+                &m,
+                MUTATING_WEBHOOK,
+                "/mutate",
+                json!(["CREATE"]),
+            ),
+            (
+                "validating",
+                &v,
+                VALIDATING_WEBHOOK,
+                "/validate",
+                json!(["CREATE", "UPDATE"]),
+            ),
+        ] {
+            let hooks = cfg["webhooks"].as_array().context("no webhooks")?;
+            ensure!(
+                hooks.len() == 1,
+                "{kind}: expected one webhook, got {}",
+                hooks.len()
+            );
+            let h = &hooks[0];
+            ensure!(
+                h["name"] == webhook,
+                "{kind}: webhook is named {}",
+                h["name"]
+            );
+            ensure!(
+                h["objectSelector"]["matchLabels"][INJECT_LABEL] == "true",
+                "{kind}: objectSelector is {}",
+                h["objectSelector"]
+            );
+            let excluded = h["namespaceSelector"]["matchExpressions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["key"] == "kubernetes.io/metadata.name" && e["operator"] == "NotIn")
+                .context("namespaceSelector has no NotIn on kubernetes.io/metadata.name")?;
+            for ns in [
+                "kube-system",
+                "kube-public",
+                "kube-node-lease",
+                cx.env.injector_namespace.as_str(),
+            ] {
+                ensure!(
+                    excluded["values"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|v| v == ns),
+                    "{kind}: namespaceSelector does not exclude {ns}: {excluded}"
+                );
+            }
+            ensure!(
+                h["sideEffects"] == "None",
+                "{kind}: sideEffects {}",
+                h["sideEffects"]
+            );
+            ensure!(
+                h["matchPolicy"] == "Equivalent",
+                "{kind}: matchPolicy {}",
+                h["matchPolicy"]
+            );
+            ensure!(
+                h["admissionReviewVersions"] == json!(["v1", "v1beta1"]),
+                "{kind}: admissionReviewVersions {}",
+                h["admissionReviewVersions"]
+            );
+            let timeout = h["timeoutSeconds"].as_i64().unwrap_or(10);
+            ensure!(
+                (1..=5).contains(&timeout),
+                "{kind}: timeoutSeconds {timeout}"
+            );
+            ensure!(
+                h["rules"][0]["operations"] == ops && h["rules"][0]["resources"] == json!(["pods"]),
+                "{kind}: rules {}",
+                h["rules"]
+            );
+            ensure!(
+                !h["clientConfig"]["caBundle"].is_null() || cx.env.mode == Mode::Kind,
+                "{kind}: no caBundle"
+            );
+            if cx.env.mode == Mode::Local {
+                let url = h["clientConfig"]["url"]
+                    .as_str()
+                    .context("no clientConfig.url")?;
+                let expected = format!("{}{path}", cx.env.webhook_url.clone().unwrap_or_default());
+                ensure!(url == expected, "{kind}: url {url}, expected {expected}");
+                ensure!(
+                    url.starts_with("https://127.0.0.1:"),
+                    "{kind}: url {url} is not on 127.0.0.1"
+                );
+            }
+        }
+        ensure!(
+            m["webhooks"][0]["reinvocationPolicy"] == "IfNeeded",
+            "mutating: reinvocationPolicy {}",
+            m["webhooks"][0]["reinvocationPolicy"]
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// 1. An opted-in pod is stored with its sidecars and the status annotation.
+#[tokio::test]
+async fn s01_opted_in_pod_is_stored_with_its_sidecars() -> anyhow::Result<()> {
+    scenario("s01-opted-in", &[], |cx| async move {
+        let stored = accepts(&cx.pods(), &opted_in("web")).await?;
+        check_injected(&stored)?;
+        check_own_init_after_proxy(&stored, &["app-init"])?;
+        ensure!(
+            containers(&stored).first().map(|c| c.name.as_str()) == Some("app"),
+            "the pod's own container is no longer first: {:?}",
+            containers(&stored).iter().map(|c| &c.name).collect::<Vec<_>>()
+        );
+        // The apiserver's own admission ran too (ServiceAccount; AlwaysPullImages locally).
+        let spec = stored.spec.as_ref().context("no spec")?;
+        ensure!(spec.service_account_name.as_deref() == Some("default"), "no ServiceAccount defaulting");
+        if cx.env.mode == Mode::Local {
+            for c in containers(&stored).iter().chain(init_containers(&stored)) {
+                ensure!(
+                    c.image_pull_policy.as_deref() == Some("Always"),
+                    "container {} has imagePullPolicy {:?}: AlwaysPullImages did not run after injection",
+                    c.name,
+                    c.image_pull_policy
+                );
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// 2. A pod without the label, or with a value other than "true", is stored untouched, and the
+/// injector is not even called for it (objectSelector).
+#[tokio::test]
+async fn s02_pods_that_did_not_opt_in_are_untouched() -> anyhow::Result<()> {
+    scenario("s02-not-opted-in", &[], |cx| async move {
+        let pods = cx.pods();
+        let cases = [
+            ("no-label", app_pod("no-label")),
+            (
+                "label-false",
+                labelled(app_pod("label-false"), INJECT_LABEL, "false"),
+            ),
+            (
+                "label-yes",
+                labelled(app_pod("label-yes"), INJECT_LABEL, "yes"),
+            ),
+        ];
+        for (name, pod) in &cases {
+            let stored = accepts(&pods, pod).await?;
+            check_untouched(&stored).with_context(|| format!("pod {name}"))?;
+            ensure!(
+                init_containers(&stored)
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    == ["app-init"],
+                "pod {name}: init containers changed"
+            );
+        }
+        if let Some(log) = &cx.env.audit_log {
+            for (name, _) in &cases {
+                let record = audit::pod_create(log, &cx.ns, name).await?;
+                ensure!(
+                    record.calls_of(&cx.env.webhook_config).next().is_none(),
+                    "pod {name}: the injector was called: {}",
+                    record.describe()
+                );
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// 3. Labelled pods in kube-system and in the injector's own namespace are untouched.
+#[tokio::test]
+async fn s03_system_and_injector_namespaces_are_untouched() -> anyhow::Result<()> {
+    scenario("s03-excluded-namespaces", &[], |cx| async move {
+        let own = cx.env.injector_namespace.clone();
+        let namespaces: Api<Namespace> = Api::all(cx.client.clone());
+        ensure!(
+            namespaces.get_opt(&own).await?.is_some(),
+            "the injector's namespace {own} does not exist (the chart's release namespace)"
+        );
+        let pod_name = format!("{}-labelled", cx.ns);
+        let mut result = Ok(());
+        for ns in ["kube-system", own.as_str()] {
+            let pods = cx.pods_in(ns);
+            let outcome = async {
+                eventually(&format!("ServiceAccount {ns}/default"), WAIT, || async {
+                    let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+                        Api::namespaced(cx.client.clone(), ns);
+                    Ok(sa.get_opt("default").await?.map(|_| ()))
+                })
+                .await?;
+                let stored = accepts(&pods, &opted_in(&pod_name)).await?;
+                check_untouched(&stored).with_context(|| format!("labelled pod in {ns}"))
+            }
+            .await;
+            let _ = pods.delete(&pod_name, &DeleteParams::default()).await;
+            result = result.and(outcome);
+        }
+        result
+    })
+    .await
+}
+
+/// 4. A Deployment's pod (ReplicaSet, generateName, created by the controller-manager) is injected.
+#[tokio::test]
+async fn s04_deployment_pods_are_injected() -> anyhow::Result<()> {
+    scenario("s04-deployment", &[], |cx| async move {
+        let template = opted_in("ignored");
+        let deployment: Deployment = from_json(json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "web"},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web", INJECT_LABEL: "true"}},
+                    "spec": template.spec
+                }
+            }
+        }))?;
+        let deployments: Api<Deployment> = Api::namespaced(cx.client.clone(), &cx.ns);
+        deployments
+            .create(&PostParams::default(), &deployment)
+            .await?;
+        let pods = cx.pods();
+        let pod = eventually(
+            "the controller-manager to create the Deployment's pod",
+            Duration::from_secs(60),
+            || async {
+                let list = pods.list(&ListParams::default().labels("app=web")).await?;
+                Ok(list.items.into_iter().next())
+            },
+        )
+        .await?;
+        let generate_name = pod.metadata.generate_name.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        ensure!(
+            generate_name.starts_with("web-")
+                && name.starts_with(&generate_name)
+                && name != generate_name,
+            "expected a generateName pod, got name {name:?} generateName {generate_name:?}"
+        );
+        let owner = pod
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true))
+            .map(|o| o.kind.clone());
+        ensure!(
+            owner.as_deref() == Some("ReplicaSet"),
+            "pod is owned by {owner:?}"
+        );
+        check_injected(&pod)?;
+        check_own_init_after_proxy(&pod, &["app-init"])?;
+        Ok(())
+    })
+    .await
+}
+
+/// 5. A pod that already carries a sidecar is created once, without a duplicate, and admitted;
+/// so is a pod whose own container merely has a sidecar's name.
+#[tokio::test]
+async fn s05_existing_sidecars_are_not_duplicated() -> anyhow::Result<()> {
+    scenario("s05-no-duplicates", &[], |cx| async move {
+        let pods = cx.pods();
+        // What the injector makes of a pod, and of a pod asking for the proxy only.
+        let full = dry_run(&pods, &opted_in("full")).await?;
+        let proxy_only = dry_run(
+            &pods,
+            &annotated(opted_in("proxy-only"), TEMPLATES_ANNOTATION, PROXY),
+        )
+        .await?;
+        check_injected(&full)?;
+
+        // Everything already there: created as it is.
+        let again = accepts(&pods, &recreate_from(&full, "already-injected")).await?;
+        check_injected(&again)?;
+        // Compared without the ServiceAccount token volume, which gets a new random name.
+        ensure!(
+            recreate_from(&again, "x").spec == recreate_from(&full, "x").spec,
+            "a pod that already had its sidecars was changed"
+        );
+
+        // The proxy already there (as the injector renders it), the log shipper missing.
+        let mut pod = opted_in("has-proxy");
+        let proxy = init_containers(&proxy_only)
+            .iter()
+            .find(|c| c.name == PROXY)
+            .cloned()
+            .map(without_token_mount)
+            .context("no proxy in the proxy-only dry run")?;
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.init_containers
+                .get_or_insert_with(Vec::new)
+                .insert(0, proxy);
+        }
+        let stored = accepts(&pods, &pod).await?;
+        check_injected(&stored)?;
+        check_own_init_after_proxy(&stored, &["app-init"])?;
+
+        ensure!(
+            kept(&stored)? == [PROXY],
+            "the status should record the pod's own proxy as kept"
+        );
+
+        // The pod's own container called log-shipper (not the injector's): kept as it is, with
+        // no second one (the apiserver would refuse a duplicate name), recorded under "kept",
+        // and admitted by the validator (README: How a pod is injected, 5).
+        let mut pod = opted_in("own-log-shipper");
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.containers.push(k8s_openapi::api::core::v1::Container {
+                name: LOG_SHIPPER.into(),
+                image: Some(APP_IMAGE.into()),
+                ..Default::default()
+            });
+        }
+        let stored = accepts(&pods, &pod).await?;
+        ensure!(
+            count_named(&stored, LOG_SHIPPER) == 1,
+            "duplicate log-shipper"
+        );
+        let own = containers(&stored)
+            .iter()
+            .find(|c| c.name == LOG_SHIPPER)
+            .context("log-shipper is gone")?;
+        ensure!(
+            own.image.as_deref() == Some(APP_IMAGE),
+            "the pod's own log-shipper was replaced: image {:?}",
+            own.image
+        );
+        ensure!(
+            kept(&stored)? == [LOG_SHIPPER],
+            "the status should record log-shipper as kept"
+        );
+        check_own_init_after_proxy(&stored, &["app-init"])?;
+        check_app_container_injected(&stored, "app")?;
+        ensure!(volume_count(&stored, LOGS_VOLUME) == 1, "no logs volume");
+        Ok(())
+    })
+    .await
+}
+
+/// The sidecar names the status annotation records as the pod's own (`kept`).
+fn kept(pod: &Pod) -> anyhow::Result<Vec<String>> {
+    let status: serde_json::Value =
+        serde_json::from_str(status_annotation(pod).context("no status annotation")?)?;
+    Ok(status["kept"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect())
+}
+
+/// Creates `pod` with the adder webhook configured as `configuration` and returns the stored pod
+/// and the audit record of its create.
+async fn create_with_adder(
+    cx: &sidecar_injector_e2e::cluster::Ctx,
+    adder: &Adder,
+    configuration: &str,
+    pod_name: &str,
+) -> anyhow::Result<(Pod, audit::Record)> {
+    let api = mutating(&cx.client);
+    api.create(
+        &PostParams::default(),
+        &adder.configuration(configuration, &cx.ns)?,
+    )
+    .await
+    .with_context(|| format!("cannot create {configuration}"))?;
+    let outcome = async {
+        let pods = cx.pods();
+        eventually(&format!("{configuration} to take effect"), WAIT, || async {
+            let pod = dry_run(&pods, &opted_in("probe")).await?;
+            Ok((count_named(&pod, &adder.container) == 1).then_some(()))
+        })
+        .await?;
+        let stored = accepts(&pods, &opted_in(pod_name)).await?;
+        let log = cx.env.audit_log.as_deref().context("no audit log")?;
+        let record = audit::pod_create(log, &cx.ns, pod_name).await?;
+        Ok((stored, record))
+    }
+    .await;
+    delete_mutating(&cx.client, configuration).await?;
+    outcome
+}
+
+/// 6. Reinvocation: with a second webhook that adds a container, our webhook runs again in
+/// round 1, each sidecar is stored once, and the added container gets our env and mounts, with
+/// the other webhook called before ours and after ours. What the apiserver did is read from the
+/// audit log.
+#[tokio::test]
+async fn s06_reinvocation_converges() -> anyhow::Result<()> {
+    scenario(
+        "s06-reinvocation",
+        &[Need::AuditLog, Need::LoopbackWebhooks],
+        |cx| async move {
+            let ours = cx.env.webhook_config.clone();
+            let adder = Adder::start("added-by-other").await?;
+
+            // Configurations are called in name order: "a-..." runs before "sidecar-injector".
+            // Round 0: it adds its container, we inject into both application containers. Round
+            // 1: AlwaysPullImages changed our sidecars' imagePullPolicy after we ran, so we are
+            // called again and change nothing.
+            let before = format!("a-e2e-adder-{}", cx.ns);
+            let (pod, record) = create_with_adder(&cx, &adder, &before, "adder-first").await?;
+            println!("adder before us: {}", record.describe());
+            let adder_calls: Vec<_> = record.calls_of(&before).collect();
+            let our_calls: Vec<_> = record.calls_of(&ours).collect();
+            ensure!(
+                adder_calls.len() == 1 && adder_calls[0].round == 0 && adder_calls[0].mutated,
+                "the adder should run once, in round 0, and mutate: {}",
+                record.describe()
+            );
+            ensure!(
+                our_calls
+                    .iter()
+                    .any(|c| c.round == 0 && c.mutated && c.index > adder_calls[0].index),
+                "we should inject in round 0, after the adder: {}",
+                record.describe()
+            );
+            ensure!(
+                our_calls.iter().any(|c| c.round == 1 && !c.mutated),
+                "we should be called again in round 1 and change nothing: {}",
+                record.describe()
+            );
+            check_injected(&pod)?;
+            check_app_container_injected(&pod, &adder.container)?;
+
+            // "z-..." runs after us. Round 0: we inject, it adds its container. Round 1: we are
+            // reinvoked and give its container our env and mounts.
+            let after = format!("z-e2e-adder-{}", cx.ns);
+            let (pod, record) = create_with_adder(&cx, &adder, &after, "adder-last").await?;
+            println!("adder after us: {}", record.describe());
+            let adder_calls: Vec<_> = record.calls_of(&after).collect();
+            let our_calls: Vec<_> = record.calls_of(&ours).collect();
+            ensure!(
+                adder_calls.len() == 1 && adder_calls[0].round == 0 && adder_calls[0].mutated,
+                "the adder should run once, in round 0, and mutate: {}",
+                record.describe()
+            );
+            ensure!(
+                our_calls
+                    .iter()
+                    .any(|c| c.round == 0 && c.mutated && c.index < adder_calls[0].index),
+                "we should inject in round 0, before the adder: {}",
+                record.describe()
+            );
+            ensure!(
+                our_calls.iter().any(|c| c.round == 1 && c.mutated),
+                "we should be reinvoked in round 1 and complete the added container: {}",
+                record.describe()
+            );
+            ensure!(
+                our_calls.len() == 2,
+                "we should be called exactly twice: {}",
+                record.describe()
+            );
+            check_injected(&pod)?;
+            check_app_container_injected(&pod, &adder.container)?;
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// 7. A server-side dry-run create returns the injected pod and stores nothing.
+#[tokio::test]
+async fn s07_dry_run_is_injected_and_stores_nothing() -> anyhow::Result<()> {
+    scenario("s07-dry-run", &[], |cx| async move {
+        let pods = cx.pods();
+        let answer = dry_run(&pods, &opted_in("dry")).await?;
+        check_injected(&answer)?;
+        ensure!(
+            pods.get_opt("dry").await?.is_none(),
+            "the dry-run pod was stored"
+        );
+        ensure!(
+            pods.list(&ListParams::default()).await?.items.is_empty(),
+            "a pod was stored"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// 8. The mutating webhook unreachable with failurePolicy Ignore: an opted-in pod is still
+/// refused, by our validator with our message, and the apiserver counts the rejection.
+#[tokio::test]
+async fn s08_validator_refuses_what_the_mutator_missed() -> anyhow::Result<()> {
+    scenario("s08-mutator-down", &[], |cx| async move {
+        let port = closed_port().await?;
+        let client = cx.client.clone();
+        let config = cx.env.webhook_config.clone();
+        let ns = cx.ns.clone();
+        with_mutating_changed(
+            &client,
+            &config,
+            &ns,
+            |hook| {
+                hook.failure_policy = Some("Ignore".into());
+                point_at_port(&mut hook.client_config, port)
+            },
+            || async {
+                wait_for_refusal(&cx.client, &cx.ns, "sidecar-injector: pod").await?;
+                let before = metrics::validating_rejections(&metrics::scrape(&cx.client).await?, VALIDATING_WEBHOOK);
+                let message = rejects(&cx.pods(), &opted_in("no-sidecars")).await?;
+                ensure!(
+                    message.contains(VALIDATING_WEBHOOK) && message.contains("sidecar-injector: pod \"no-sidecars\""),
+                    "expected our validator's refusal, got: {message}"
+                );
+                ensure!(
+                    message.contains("is missing from spec.initContainers")
+                        && message.contains("is missing from spec.containers"),
+                    "the refusal should say what is missing: {message}"
+                );
+                let after = eventually("the rejection to be counted", WAIT, || async {
+                    let after = metrics::validating_rejections(&metrics::scrape(&cx.client).await?, VALIDATING_WEBHOOK);
+                    Ok((after > before).then_some(after))
+                })
+                .await?;
+                println!("apiserver_admission_webhook_rejection_count{{name={VALIDATING_WEBHOOK}}}: {before} -> {after}");
+                if let Some(log) = &cx.env.audit_log {
+                    let record = audit::pod_create(log, &cx.ns, "no-sidecars").await?;
+                    ensure!(record.code == Some(403) || record.code == Some(400), "audit code {:?}", record.code);
+                    ensure!(
+                        record.failed_open.iter().any(|(_, _, w)| w == MUTATING_WEBHOOK),
+                        "the audit log should record the mutating webhook failing open: {:?}",
+                        record.failed_open
+                    );
+                }
+                Ok(())
+            },
+        )
+        .await
+    })
+    .await
+}
+
+/// 9. Changing a sidecar's image on an injected pod is refused by the validator; an unrelated
+/// update is not.
+#[tokio::test]
+async fn s09_sidecar_changes_are_refused_on_update() -> anyhow::Result<()> {
+    scenario("s09-update", &[], |cx| async move {
+        let pods = cx.pods();
+        let stored = accepts(&pods, &opted_in("web")).await?;
+        check_injected(&stored)?;
+
+        // replace: the log shipper's image.
+        let mut changed = stored.clone();
+        if let Some(spec) = changed.spec.as_mut() {
+            for c in spec.containers.iter_mut().filter(|c| c.name == LOG_SHIPPER) {
+                c.image = Some("cr.fluentbit.io/fluent/fluent-bit:9.9.9".into());
+            }
+        }
+        let message = match pods.replace("web", &PostParams::default(), &changed).await {
+            Ok(_) => anyhow::bail!("changing the log shipper's image was admitted"),
+            Err(e) => sidecar_injector_e2e::cluster::refusal(&e),
+        };
+        ensure!(
+            message.contains("sidecar-injector") && message.contains("\"log-shipper\"") && message.contains("image"),
+            "expected the validator's refusal naming the log shipper's image, got: {message}"
+        );
+
+        // patch: the proxy's image.
+        let patch = json!({"spec": {"initContainers": [{"name": PROXY, "image": "docker.io/envoyproxy/envoy:v0.0.1"}]}});
+        let message = match pods.patch("web", &PatchParams::default(), &Patch::Strategic(&patch)).await {
+            Ok(_) => anyhow::bail!("changing the proxy's image was admitted"),
+            Err(e) => sidecar_injector_e2e::cluster::refusal(&e),
+        };
+        ensure!(
+            message.contains("sidecar-injector") && message.contains("\"proxy\""),
+            "expected the validator's refusal naming the proxy, got: {message}"
+        );
+
+        let now = pods.get("web").await?;
+        ensure!(
+            now.spec == stored.spec,
+            "the refused updates changed the stored pod"
+        );
+        // An update that leaves the sidecars alone goes through.
+        let label = json!({"metadata": {"labels": {"touched": "yes"}}});
+        pods.patch("web", &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .context("an unrelated update of an injected pod was refused")?;
+        Ok(())
+    })
+    .await
+}
+
+/// 10. The server stopped and the mutating failurePolicy Fail: opted-in pods fail with a webhook
+/// call error; other pods are still created. Restores the policy and the server afterwards.
+#[tokio::test]
+async fn s10_server_down_blocks_only_opted_in_pods() -> anyhow::Result<()> {
+    scenario(
+        "s10-server-down",
+        &[Need::ProcessControl],
+        |cx| async move {
+            let ctl = cx.env.injector_ctl.clone().context("no E2E_INJECTOR_CTL")?;
+            let injector = |action: &'static str| {
+                let ctl = ctl.clone();
+                async move {
+                    let status = tokio::process::Command::new(&ctl)
+                        .arg(action)
+                        .status()
+                        .await?;
+                    ensure!(
+                        status.success(),
+                        "{} {action} failed: {status}",
+                        ctl.display()
+                    );
+                    anyhow::Ok(())
+                }
+            };
+            let client = cx.client.clone();
+            let config = cx.env.webhook_config.clone();
+            let ns = cx.ns.clone();
+            let outcome = with_mutating_changed(
+                &client,
+                &config,
+                &ns,
+                |hook| {
+                    hook.failure_policy = Some("Fail".into());
+                    Ok(())
+                },
+                || async {
+                    injector("stop").await?;
+                    let body = async {
+                        let needle = format!("failed calling webhook \"{MUTATING_WEBHOOK}\"");
+                        wait_for_refusal(&cx.client, &cx.ns, &needle).await?;
+                        let pods = cx.pods();
+                        let message = rejects(&pods, &opted_in("blocked")).await?;
+                        ensure!(
+                            message.contains(&needle) && message.contains("connection refused"),
+                            "expected a webhook call error, got: {message}"
+                        );
+                        let stored = accepts(&pods, &app_pod("plain")).await?;
+                        check_untouched(&stored)?;
+                        let stored = accepts(
+                            &pods,
+                            &labelled(app_pod("opted-out"), INJECT_LABEL, "false"),
+                        )
+                        .await?;
+                        check_untouched(&stored)?;
+                        Ok(())
+                    }
+                    .await;
+                    // Restore the server before the configuration (which waits for injection).
+                    body.and(injector("start").await)
+                },
+            )
+            .await;
+            if outcome.is_err() {
+                // Whatever failed, leave a server running for the scenarios after this one.
+                let _ = injector("start").await;
+            }
+            outcome?;
+            wait_for_injection(&cx.client, &cx.ns).await?;
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// Runs helm with the suite's kubeconfig; returns its stdout, or an error with its stderr.
+async fn helm(cx: &sidecar_injector_e2e::cluster::Ctx, args: &[&str]) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(&cx.env.helm)
+        .args(args)
+        .output()
+        .await
+        .with_context(|| format!("cannot run {}", cx.env.helm))?;
+    ensure!(
+        output.status.success(),
+        "helm {} failed ({}): {}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// 11. The chart installs into this apiserver in url mode, its webhooks inject, and
+/// `helm uninstall` removes its webhook configurations.
+#[tokio::test]
+async fn s11_helm_chart_in_url_mode() -> anyhow::Result<()> {
+    scenario("s11-helm", &[Need::ServerUrl], |cx| async move {
+        let url = cx.env.webhook_url.clone().context("no E2E_WEBHOOK_URL")?;
+        let ca = cx.env.ca_cert.clone().context("no CA_CERT")?;
+        let chart = cx.env.chart.display().to_string();
+        // The suite's own registration leaves alone namespaces labelled with its disabledLabel;
+        // this release uses another label, so in the scenario's namespace only it injects.
+        let main_disabled = "sidecar-injector.io/disabled";
+        let namespaces: Api<Namespace> = Api::all(cx.client.clone());
+        let label = json!({"metadata": {"labels": {main_disabled: "true"}}});
+        namespaces
+            .patch(&cx.ns, &PatchParams::default(), &Patch::Merge(&label))
+            .await?;
+        let release_ns = cx.extra_namespace("release", &[]).await?;
+        let release = "e2e-helm";
+        let fullname = "e2e-helm-sidecar-injector";
+        let outcome = async {
+            let probe = opted_in("probe");
+            eventually(
+                "the main webhooks to leave the namespace alone",
+                WAIT,
+                || async {
+                    Ok(status_annotation(&dry_run(&cx.pods(), &probe).await?)
+                        .is_none()
+                        .then_some(()))
+                },
+            )
+            .await?;
+            let set_url = format!("webhook.url={url}");
+            let ca_file = format!("certificates.existingSecret.caBundle={}", ca.display());
+            let installed = helm(
+                &cx,
+                &[
+                    "install",
+                    release,
+                    &chart,
+                    "--namespace",
+                    &release_ns,
+                    "--set",
+                    &set_url,
+                    "--set",
+                    "deployment.enabled=false",
+                    "--set",
+                    "certificates.mode=existingSecret",
+                    "--set-file",
+                    &ca_file,
+                    "--set",
+                    "webhook.disabledLabel=e2e.sidecar-injector.io/helm-disabled",
+                    "--timeout",
+                    "60s",
+                ],
+            )
+            .await?;
+            println!(
+                "{}",
+                installed.lines().take(6).collect::<Vec<_>>().join("\n")
+            );
+            let m = mutating(&cx.client).get(fullname).await?;
+            let hook_url = m
+                .webhooks
+                .iter()
+                .flatten()
+                .next()
+                .and_then(|w| w.client_config.url.clone());
+            ensure!(
+                hook_url == Some(format!("{url}/mutate")),
+                "chart's clientConfig.url is {hook_url:?}"
+            );
+            validating(&cx.client).get(fullname).await?;
+
+            wait_for_injection(&cx.client, &cx.ns).await?;
+            let stored = accepts(&cx.pods(), &opted_in("through-chart")).await?;
+            check_injected(&stored)?;
+            if let Some(log) = &cx.env.audit_log {
+                let record = audit::pod_create(log, &cx.ns, "through-chart").await?;
+                ensure!(
+                    record.calls_of(fullname).any(|c| c.mutated)
+                        && record.calls_of(&cx.env.webhook_config).next().is_none(),
+                    "the chart's webhook should be the one that injected: {}",
+                    record.describe()
+                );
+            }
+
+            helm(
+                &cx,
+                &[
+                    "uninstall",
+                    release,
+                    "--namespace",
+                    &release_ns,
+                    "--timeout",
+                    "60s",
+                ],
+            )
+            .await?;
+            ensure!(
+                mutating(&cx.client).get_opt(fullname).await?.is_none(),
+                "MutatingWebhookConfiguration {fullname} is left"
+            );
+            ensure!(
+                validating(&cx.client).get_opt(fullname).await?.is_none(),
+                "ValidatingWebhookConfiguration {fullname} is left"
+            );
+            let plain = eventually(
+                "pods to be left alone after helm uninstall",
+                WAIT,
+                || async {
+                    let pod = dry_run(&cx.pods(), &probe).await?;
+                    Ok(status_annotation(&pod).is_none().then_some(pod))
+                },
+            )
+            .await?;
+            check_untouched(&plain)?;
+            Ok(())
+        }
+        .await;
+        if outcome.is_err() {
+            let _ = helm(&cx, &["uninstall", release, "--namespace", &release_ns]).await;
+        }
+        let _ = cx.delete_namespace(&release_ns).await;
+        outcome
+    })
+    .await
+}
