@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# End-to-end run against a real kube-apiserver and etcd on 127.0.0.1 (`make test-e2e`).
+#
+#  1. builds the injector (debug profile, shared with `cargo test`) and the scenario suite,
+#     and the control plane (e2e/control-plane/build.sh; cached after the first build),
+#  2. starts etcd + kube-apiserver + kube-controller-manager in a temp WORKDIR (up.sh),
+#  3. starts `sidecar-injector serve` on 127.0.0.1 with a certificate signed by WORKDIR's CA,
+#  4. registers the webhooks by installing the Helm chart in url mode
+#     (clientConfig.url https://127.0.0.1:PORT/mutate and /validate, caBundle = WORKDIR's CA),
+#  5. waits until a server-side dry-run create comes back injected,
+#  6. runs the scenarios (e2e/tests/scenarios.rs, one at a time),
+#  7. stops everything (exit trap, also on failure or Ctrl-C) and checks nothing is left.
+#
+# Prints "kube-apiserver vX.Y.Z" and ends with "N passed, M failed"; exits non-zero on any
+# failure. WORKDIR (logs, audit log) is removed after a pass and kept after a failure.
+#   env KEEP_WORKDIR=1     keep WORKDIR after a pass too
+#   env E2E_TEST_FILTER    run only scenarios whose name contains this
+#   env CARGO              cargo to use (default cargo)
+set -euo pipefail
+
+HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd -- "$HERE/.." && pwd)
+CARGO=${CARGO:-cargo}
+RELEASE=sidecar-injector
+RELEASE_NAMESPACE=sidecar-injector
+START=$SECONDS
+
+log() { printf '[e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+cd "$REPO"
+WORKDIR=""
+TOTAL=0
+PASSED=0
+FAILED=0
+REPORTED=0
+
+report() { # the closing line, once
+  ((REPORTED)) && return 0
+  REPORTED=1
+  echo "$PASSED passed, $FAILED failed"
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if [[ -n "$WORKDIR" ]]; then
+    E2E_WORKDIR="$WORKDIR" "$HERE/injector.sh" stop || rc=1
+    "$HERE/control-plane/down.sh" "$WORKDIR" >/dev/null || rc=1
+    if pgrep -f -- "$WORKDIR/" >/dev/null; then
+      log "ERROR: processes left behind:"
+      pgrep -af -- "$WORKDIR/" >&2 || true
+      rc=1
+    fi
+  fi
+  if ((rc != 0 && FAILED == 0)); then
+    # Failed outside the scenarios (setup or teardown): the scenarios that did not run count.
+    FAILED=$((TOTAL > PASSED ? TOTAL - PASSED : 1))
+  fi
+  if [[ -n "$WORKDIR" ]]; then
+    if ((rc == 0)) && [[ "${KEEP_WORKDIR:-0}" != 1 ]]; then
+      rm -rf "$WORKDIR"
+    else
+      log "WORKDIR kept: $WORKDIR (logs/, audit.log)"
+    fi
+  fi
+  log "took $((SECONDS - START))s"
+  report
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+for tool in openssl curl ss setsid base64 pgrep; do
+  command -v "$tool" >/dev/null || die "$tool is required"
+done
+
+# ---------------------------------------------------------------- build
+log "tools (helm): tools/install.sh"
+bash "$REPO/tools/install.sh"
+# shellcheck source=../tools/env.sh source-path=SCRIPTDIR
+. "$REPO/tools/env.sh"
+command -v helm >/dev/null || die "helm is missing after tools/install.sh"
+
+log "building the injector and the scenarios (debug profile)"
+"$CARGO" build --bin sidecar-injector
+TARGET_DIR=$("$CARGO" metadata --format-version 1 --no-deps |
+  sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+[[ -n "$TARGET_DIR" ]] || die "cannot find cargo's target directory"
+INJECTOR_BIN="$TARGET_DIR/debug/sidecar-injector"
+[[ -x "$INJECTOR_BIN" ]] || die "$INJECTOR_BIN was not built"
+SUITE=("$CARGO" test -p sidecar-injector-e2e --test scenarios)
+"${SUITE[@]}" --no-run
+"$CARGO" test -p sidecar-injector-e2e --lib --quiet >/dev/null ||
+  die "the suite's own unit tests failed: cargo test -p sidecar-injector-e2e --lib"
+FILTER=()
+if [[ -n "${E2E_TEST_FILTER:-}" ]]; then FILTER=("$E2E_TEST_FILTER"); fi
+LIST=$("${SUITE[@]}" --quiet -- --list "${FILTER[@]}" 2>/dev/null)
+TOTAL=$(grep -c ': test$' <<<"$LIST" || true)
+((TOTAL > 0)) || die "no scenario found"
+
+log "control plane: e2e/control-plane/build.sh"
+BIN_DIR=$("$HERE/control-plane/build.sh" | tail -n1)
+
+# ---------------------------------------------------------------- control plane
+WORKDIR=$(mktemp -d -t sidecar-injector-e2e.XXXXXX)
+log "WORKDIR $WORKDIR"
+CONTROL_PLANE_BIN_DIR="$BIN_DIR" "$HERE/control-plane/up.sh" "$WORKDIR" >/dev/null
+# shellcheck source=/dev/null
+. "$WORKDIR/env"
+ADMIN_CURL=(curl --silent --show-error --fail --noproxy '*' --max-time 10
+  --cacert "$CA_CERT" --cert "$ADMIN_CERT" --key "$ADMIN_KEY")
+VERSION=$("${ADMIN_CURL[@]}" "$APISERVER_URL/version" |
+  sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
+[[ -n "$VERSION" ]] || die "cannot read the apiserver's /version"
+echo "kube-apiserver $VERSION"
+
+# ---------------------------------------------------------------- the server
+free_port() {
+  local p i
+  for ((i = 0; i < 200; i++)); do
+    p=$((20000 + RANDOM % 30000))
+    if [[ -z "$(ss -Htan "( sport = :$p )" 2>/dev/null)" ]]; then
+      echo "$p"
+      return 0
+    fi
+  done
+  die "no free loopback port found"
+}
+PORT=$(free_port)
+ADMIN_PORT=$(free_port)
+while [[ "$ADMIN_PORT" == "$PORT" ]]; do ADMIN_PORT=$(free_port); done
+
+PKI="$WORKDIR/pki"
+{
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/injector.key" -out "$PKI/injector.csr" \
+    -subj "/CN=sidecar-injector-e2e"
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+    "keyUsage=critical,digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1" >"$PKI/injector.ext"
+  openssl x509 -req -in "$PKI/injector.csr" -CA "$CA_CERT" -CAkey "$CA_KEY" -CAcreateserial \
+    -days 2 -sha256 -extfile "$PKI/injector.ext" -out "$PKI/injector.crt"
+} >>"$WORKDIR/logs/openssl.log" 2>&1 || die "cannot make the serving certificate (see $WORKDIR/logs/openssl.log)"
+
+export E2E_WORKDIR="$WORKDIR"
+export E2E_INJECTOR_BIN="$INJECTOR_BIN"
+export E2E_INJECTOR_PORT="$PORT"
+export E2E_INJECTOR_ADMIN_PORT="$ADMIN_PORT"
+export E2E_INJECTOR_CERT="$PKI/injector.crt"
+export E2E_INJECTOR_KEY="$PKI/injector.key"
+export SIDECAR_INJECTOR_NAMESPACE="$RELEASE_NAMESPACE"
+"$HERE/injector.sh" start
+
+# ---------------------------------------------------------------- webhooks (the chart)
+WEBHOOK_URL="https://127.0.0.1:$PORT"
+log "helm install $RELEASE (url mode: $WEBHOOK_URL)"
+helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
+  --kubeconfig "$KUBECONFIG" --namespace "$RELEASE_NAMESPACE" --create-namespace \
+  --set webhook.url="$WEBHOOK_URL" \
+  --set deployment.enabled=false \
+  --set certificates.mode=existingSecret \
+  --set-file certificates.existingSecret.caBundle="$CA_CERT" \
+  --timeout 60s >"$WORKDIR/logs/helm-install.log" 2> >(grep -v 'symbolic link in path' >&2) ||
+  die "helm install failed (see $WORKDIR/logs/helm-install.log)"
+
+PROBE='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"app","image":"registry.k8s.io/pause:3.10"}]}}'
+injected_on_dry_run() {
+  local out
+  out=$("${ADMIN_CURL[@]}" -X POST -H 'Content-Type: application/json' --data "$PROBE" \
+    "$APISERVER_URL/api/v1/namespaces/default/pods?dryRun=All" 2>/dev/null) || return 1
+  [[ "$out" == *'sidecar-injector.io/status'* ]]
+}
+t0=$SECONDS
+until injected_on_dry_run; do
+  ((SECONDS - t0 < 30)) || die "no injection in a server-side dry-run after 30s (logs: $WORKDIR/logs)"
+  sleep 0.5
+done
+log "webhooks effective after ~$((SECONDS - t0))s"
+
+# ---------------------------------------------------------------- scenarios
+export E2E_MODE=local
+export E2E_INJECTOR_CTL="$HERE/injector.sh"
+export E2E_WEBHOOK_URL="$WEBHOOK_URL"
+export E2E_CHART="$REPO/charts/sidecar-injector"
+export E2E_RELEASE_NAMESPACE="$RELEASE_NAMESPACE"
+export E2E_WEBHOOK_CONFIG="$RELEASE"
+export KUBECONFIG AUDIT_LOG CA_CERT
+# A failed scenario's error is its message and context; a backtrace of the test harness adds nothing.
+export RUST_LIB_BACKTRACE="${RUST_LIB_BACKTRACE:-0}"
+SUITE_LOG="$WORKDIR/logs/scenarios.log"
+log "running $TOTAL scenarios"
+suite_rc=0
+"${SUITE[@]}" -- --test-threads=1 --nocapture "${FILTER[@]}" 2>&1 | tee "$SUITE_LOG" || suite_rc=$?
+
+summary=$(grep -E '^test result: ' "$SUITE_LOG" | tail -n1 || true)
+if [[ "$summary" =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
+  PASSED=${BASH_REMATCH[1]}
+  FAILED=${BASH_REMATCH[2]}
+else
+  FAILED=$((TOTAL - PASSED))
+fi
+SKIPPED=$(grep -c '^SKIPPED ' "$SUITE_LOG" || true)
+((SKIPPED == 0)) || { log "ERROR: $SKIPPED scenarios skipped in local mode"; FAILED=$((FAILED + SKIPPED)); PASSED=$((PASSED - SKIPPED)); }
+if ((suite_rc != 0 || FAILED != 0)); then
+  exit 1
+fi
