@@ -1,0 +1,718 @@
+//! The driver behind `make bench` (bench/run.sh builds everything and runs criterion first).
+//! On 127.0.0.1 only, it starts the transport ceiling (`ceiling`) and the release webhook
+//! (`sidecar-injector serve`), checks the webhook's first answer, drives both with `loadgen`,
+//! measures the webhook's footprint and start-up time, reads the criterion results, prints a
+//! table with the goals, and writes `summary.json`.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use clap::Parser;
+use serde_json::{Value, json};
+use sidecar_injector_bench::{LOOPBACK, LoadReport, free_port, make_pki, review_body};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Output directory: summary.json goes here, scratch files under tmp/.
+    #[arg(long)]
+    out: PathBuf,
+    /// Criterion's output directory (CRITERION_HOME) holding the `engine` bench results.
+    #[arg(long)]
+    criterion: Option<PathBuf>,
+    /// The webhook binary. Default: `sidecar-injector` next to this program.
+    #[arg(long)]
+    webhook: Option<PathBuf>,
+    /// Saturation runs per row; the best is kept (other work on the machine only slows runs).
+    #[arg(long, default_value_t = 2)]
+    rounds: usize,
+    /// Seconds measured per load run.
+    #[arg(long, default_value_t = 6.0)]
+    duration: f64,
+    /// Seconds of load before each measurement.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// HTTP/1.1 connections (one request in flight on each).
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// HTTP/2 connections.
+    #[arg(long, default_value_t = 2)]
+    h2_connections: usize,
+    /// HTTP/2 concurrent streams per connection.
+    #[arg(long, default_value_t = 8)]
+    h2_streams: usize,
+    /// Webhook starts timed for start-up to ready (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    ready_starts: usize,
+    /// Stop everything and fail after this many seconds.
+    #[arg(long, default_value_t = 480)]
+    budget: u64,
+}
+
+/// A server process of ours; killed when dropped.
+struct Server {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn exited(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            bail!("{} exited ({status}):\n{log}", self.name);
+        }
+        Ok(())
+    }
+}
+
+/// The HTTP row of a load run.
+#[derive(Clone, Copy)]
+enum Proto {
+    H1,
+    H2,
+}
+
+impl Proto {
+    fn label(self) -> &'static str {
+        match self {
+            Self::H1 => "HTTP/1.1",
+            Self::H2 => "HTTP/2",
+        }
+    }
+}
+
+struct Bench {
+    args: Args,
+    started: Instant,
+    loadgen: PathBuf,
+    ca: PathBuf,
+    runs: Vec<Value>,
+}
+
+impl Bench {
+    fn left(&self) -> anyhow::Result<Duration> {
+        let budget = Duration::from_secs(self.args.budget);
+        let left = budget.saturating_sub(self.started.elapsed());
+        ensure!(!left.is_zero(), "time budget of {budget:?} used up");
+        Ok(left)
+    }
+
+    fn shape(&self, proto: Proto) -> Vec<String> {
+        match proto {
+            Proto::H1 => vec![
+                "--http".into(),
+                "1".into(),
+                "--connections".into(),
+                self.args.connections.to_string(),
+            ],
+            Proto::H2 => vec![
+                "--http".into(),
+                "2".into(),
+                "--connections".into(),
+                self.args.h2_connections.to_string(),
+                "--streams".into(),
+                self.args.h2_streams.to_string(),
+            ],
+        }
+    }
+
+    fn shape_label(&self, proto: Proto) -> String {
+        match proto {
+            Proto::H1 => format!("{} conns", self.args.connections),
+            Proto::H2 => format!(
+                "{} conns x {} streams",
+                self.args.h2_connections, self.args.h2_streams
+            ),
+        }
+    }
+
+    fn loadgen(&mut self, server: &str, port: u16, extra: &[String]) -> anyhow::Result<String> {
+        let limit =
+            Duration::from_secs_f64(self.args.warmup + self.args.duration + 45.0).min(self.left()?);
+        let mut cmd = Command::new(&self.loadgen);
+        cmd.arg("--addr")
+            .arg(SocketAddr::new(LOOPBACK, port).to_string())
+            .arg("--ca")
+            .arg(&self.ca)
+            .args(extra);
+        let output = run_bounded(cmd, limit)?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        ensure!(
+            output.status.success(),
+            "loadgen against {server} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(stdout.lines().last().unwrap_or_default().to_owned())
+    }
+
+    fn load(
+        &mut self,
+        server: &'static str,
+        port: u16,
+        proto: Proto,
+        rate: Option<f64>,
+    ) -> anyhow::Result<LoadReport> {
+        let mut extra = self.shape(proto);
+        extra.extend([
+            "--duration".into(),
+            self.args.duration.to_string(),
+            "--warmup".into(),
+            self.args.warmup.to_string(),
+        ]);
+        if let Some(rate) = rate {
+            extra.extend(["--rate".into(), format!("{rate:.0}")]);
+        }
+        let line = self.loadgen(server, port, &extra)?;
+        let report: LoadReport =
+            serde_json::from_str(&line).with_context(|| format!("loadgen printed {line:?}"))?;
+        eprintln!(
+            "  {server:8} {:8} {:6} {:>7}  {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}  not sent {}",
+            proto.label(),
+            report.mode,
+            rate.map_or(String::new(), |r| format!("@{r:.0}")),
+            report.rps,
+            report.p50_ms,
+            report.p99_ms,
+            report.errors,
+            report.unsent
+        );
+        let mut value = serde_json::to_value(&report)?;
+        value["server"] = server.into();
+        self.runs.push(value);
+        Ok(report)
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    ensure!(
+        args.rounds >= 1 && args.ready_starts >= 1,
+        "at least one run"
+    );
+    let bin_dir = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .context("no directory for this program")?;
+    let webhook_bin = args
+        .webhook
+        .clone()
+        .unwrap_or_else(|| bin_dir.join("sidecar-injector"));
+    let ceiling_bin = bin_dir.join("ceiling");
+    for bin in [&webhook_bin, &ceiling_bin, &bin_dir.join("loadgen")] {
+        ensure!(bin.is_file(), "{} is not built", bin.display());
+    }
+    let tmp = args.out.join("tmp");
+    std::fs::create_dir_all(&tmp)?;
+    let pki = make_pki()?;
+    let (ca, cert, key) = (tmp.join("ca.pem"), tmp.join("tls.crt"), tmp.join("tls.key"));
+    std::fs::write(&ca, &pki.ca_pem)?;
+    std::fs::write(&cert, &pki.cert_pem)?;
+    std::fs::write(&key, &pki.key_pem)?;
+    let review_bytes = review_body()?.len();
+
+    let mut bench = Bench {
+        started: Instant::now(),
+        loadgen: bin_dir.join("loadgen"),
+        ca: ca.clone(),
+        runs: Vec::new(),
+        args,
+    };
+
+    // 1 + 2: both servers, with the same certificate.
+    let ceiling_port = free_port()?;
+    let mut ceiling = spawn(
+        "ceiling",
+        Command::new(&ceiling_bin)
+            .arg("--listen")
+            .arg(SocketAddr::new(LOOPBACK, ceiling_port).to_string())
+            .arg("--tls-cert-file")
+            .arg(&cert)
+            .arg("--tls-key-file")
+            .arg(&key)
+            .arg("--exit-after")
+            .arg(bench.args.budget.to_string()),
+        &tmp.join("ceiling.log"),
+    )?;
+    let (webhook_port, admin_port) = (free_port()?, free_port()?);
+    let webhook_start = Instant::now();
+    let mut webhook = spawn_webhook(
+        &webhook_bin,
+        webhook_port,
+        admin_port,
+        &cert,
+        &key,
+        &tmp.join("webhook.log"),
+    )?;
+    let first_ready = wait_ready(&mut webhook, admin_port, webhook_start)?;
+    wait_listening(&mut ceiling, ceiling_port)?;
+    eprintln!(
+        "webhook ready in {:.1} ms; checking first answers",
+        ms(first_ready)
+    );
+    for (name, port) in [("webhook", webhook_port), ("ceiling", ceiling_port)] {
+        for proto in ["1", "2"] {
+            let line = bench.loadgen(
+                name,
+                port,
+                &["--check".into(), "--http".into(), proto.into()],
+            )?;
+            eprintln!("  {name} HTTP/{proto}: {line}");
+        }
+    }
+
+    eprintln!("saturation (closed loop), best of {}:", bench.args.rounds);
+    let mut best = [[0.0_f64; 2]; 2]; // [ceiling, webhook][h1, h2]
+    let mut errors = 0;
+    for round in 0..bench.args.rounds {
+        let mut order = [
+            (0, "ceiling", ceiling_port, Proto::H1),
+            (1, "webhook", webhook_port, Proto::H1),
+            (0, "ceiling", ceiling_port, Proto::H2),
+            (1, "webhook", webhook_port, Proto::H2),
+        ];
+        // ABBA: drift on the machine does not favour one side.
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for (side, name, port, proto) in order {
+            let report = bench.load(name, port, proto, None)?;
+            errors += report.errors;
+            let p = proto as usize;
+            best[side][p] = best[side][p].max(report.rps);
+        }
+    }
+
+    eprintln!("latency at half the ceiling rate (open loop):");
+    let mut latency: Vec<(Proto, f64, LoadReport, LoadReport)> = Vec::new();
+    for proto in [Proto::H1, Proto::H2] {
+        let rate = (best[0][proto as usize] / 2.0).floor().max(1.0);
+        let hook = bench.load("webhook", webhook_port, proto, Some(rate))?;
+        let ceil = bench.load("ceiling", ceiling_port, proto, Some(rate))?;
+        errors += hook.errors + ceil.errors;
+        latency.push((proto, rate, hook, ceil));
+    }
+
+    // 4: footprint. VmHWM is the peak resident set since the process started.
+    let rss_mb = vm_hwm_kib(webhook.pid())? as f64 / 1024.0;
+    let ceiling_rss_mb = vm_hwm_kib(ceiling.pid())? as f64 / 1024.0;
+    webhook.exited()?;
+    ceiling.exited()?;
+    drop(webhook);
+    drop(ceiling);
+
+    let mut ready = Vec::new();
+    for _ in 0..bench.args.ready_starts {
+        bench.left()?;
+        let (port, admin) = (free_port()?, free_port()?);
+        let start = Instant::now();
+        let mut server = spawn_webhook(
+            &webhook_bin,
+            port,
+            admin,
+            &cert,
+            &key,
+            &tmp.join("webhook-start.log"),
+        )?;
+        ready.push(ms(wait_ready(&mut server, admin, start)?));
+    }
+    ready.sort_by(f64::total_cmp);
+    let ready_ms = ready[ready.len() / 2];
+
+    // 3: the criterion results, if criterion ran.
+    let engine = bench
+        .args
+        .criterion
+        .as_deref()
+        .map(read_engine)
+        .unwrap_or_default();
+    let engine_us = |id: &str| {
+        engine
+            .iter()
+            .find(|(name, _)| name == id)
+            .map(|(_, ns)| ns / 1e3)
+    };
+    let large_pod_ms = engine_us("2x2000_env").map(|us| us / 1e3);
+    let scaling_ratio = engine_us("env_10000")
+        .zip(engine_us("env_1000"))
+        .map(|(a, b)| a / b);
+
+    let [ceiling_rps, ceiling_rps_h2] = best[0];
+    let [webhook_rps, webhook_rps_h2] = best[1];
+    let (h1, h2) = (&latency[0], &latency[1]);
+    let goals = vec![
+        goal(
+            "webhook >= 0.8 x ceiling, HTTP/1.1",
+            Some(webhook_rps / ceiling_rps),
+            ">=",
+            0.8,
+            "",
+        ),
+        goal(
+            "webhook >= 0.8 x ceiling, HTTP/2",
+            Some(webhook_rps_h2 / ceiling_rps_h2),
+            ">=",
+            0.8,
+            "",
+        ),
+        goal(
+            "p99 at half the ceiling rate, HTTP/1.1",
+            Some(h1.2.p99_ms),
+            "<=",
+            1.0,
+            " ms",
+        ),
+        goal(
+            "p99 at half the ceiling rate, HTTP/2",
+            Some(h2.2.p99_ms),
+            "<=",
+            1.0,
+            " ms",
+        ),
+        goal(
+            "large pod (2 x 2,000 env) engine time",
+            large_pod_ms,
+            "<=",
+            2.0,
+            " ms",
+        ),
+        goal(
+            "scaling 10,000 / 1,000 env vars",
+            scaling_ratio,
+            "<=",
+            11.0,
+            "x",
+        ),
+        goal("peak RSS under load", Some(rss_mb), "<=", 20.0, " MiB"),
+        goal(
+            "start to /readyz 200 (median)",
+            Some(ready_ms),
+            "<=",
+            50.0,
+            " ms",
+        ),
+    ];
+
+    // The table.
+    let machine = machine();
+    println!();
+    println!(
+        "sidecar-injector benchmarks on {} ({} cores; load generator and servers share them)",
+        machine["cpu"].as_str().unwrap_or("?"),
+        machine["nproc"]
+    );
+    println!(
+        "review: {review_bytes}-byte AdmissionReview (bench/review.json), POST /mutate over TLS"
+    );
+    println!();
+    println!(
+        "| server | protocol | shape | req/s (best of {}) | webhook / ceiling |",
+        bench.args.rounds
+    );
+    println!("|---|---|---|---:|---:|");
+    for proto in [Proto::H1, Proto::H2] {
+        let (c, w) = (best[0][proto as usize], best[1][proto as usize]);
+        println!(
+            "| ceiling | {} | {} | {c:.0} | |",
+            proto.label(),
+            bench.shape_label(proto)
+        );
+        println!(
+            "| webhook | {} | {} | {w:.0} | {:.2} |",
+            proto.label(),
+            bench.shape_label(proto),
+            w / c
+        );
+    }
+    println!();
+    println!(
+        "| server | protocol | offered req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | not sent |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (proto, rate, hook, ceil) in &latency {
+        for (name, r) in [("webhook", hook), ("ceiling", ceil)] {
+            println!(
+                "| {name} | {} | {rate:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
+                proto.label(),
+                r.rps,
+                r.p50_ms,
+                r.p90_ms,
+                r.p99_ms,
+                r.p999_ms,
+                r.max_ms,
+                r.unsent
+            );
+        }
+    }
+    println!();
+    if engine.is_empty() {
+        println!("engine: no criterion results found (run `cargo bench --bench engine` first)");
+    } else {
+        println!("| engine: review::answer, mutate (criterion median) | time |");
+        println!("|---|---:|");
+        for (name, ns) in &engine {
+            println!("| {name} | {:.1} µs |", ns / 1e3);
+        }
+    }
+    println!();
+    println!("| footprint | value |");
+    println!("|---|---:|");
+    println!("| webhook peak RSS (VmHWM) after all load | {rss_mb:.1} MiB |");
+    println!("| ceiling peak RSS (VmHWM) after all load | {ceiling_rss_mb:.1} MiB |");
+    println!(
+        "| webhook start to /readyz 200, median of {} | {ready_ms:.1} ms (all: {}) |",
+        ready.len(),
+        ready
+            .iter()
+            .map(|r| format!("{r:.1}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!();
+    println!("| goal | measured | target | |");
+    println!("|---|---:|---:|---|");
+    for g in &goals {
+        println!(
+            "| {} | {} | {} {}{} | {} |",
+            g["goal"].as_str().unwrap_or_default(),
+            g["measured"]
+                .as_f64()
+                .map_or("not measured".into(), |v| format!(
+                    "{v:.3}{}",
+                    g["unit"].as_str().unwrap_or_default()
+                )),
+            g["op"].as_str().unwrap_or_default(),
+            g["target"],
+            g["unit"].as_str().unwrap_or_default(),
+            match g["met"].as_bool() {
+                Some(true) => "met",
+                Some(false) => "NOT MET",
+                None => "not measured",
+            }
+        );
+    }
+    if errors > 0 {
+        println!(
+            "\nWARNING: {errors} requests failed during the load runs; see {}",
+            tmp.display()
+        );
+    }
+
+    let summary = json!({
+        "webhook_rps": webhook_rps,
+        "ceiling_rps": ceiling_rps,
+        "rps_ratio": webhook_rps / ceiling_rps,
+        "offered_rps": h1.1,
+        "p50_ms": h1.2.p50_ms,
+        "p99_ms": h1.2.p99_ms,
+        "ceiling_p50_ms": h1.3.p50_ms,
+        "ceiling_p99_ms": h1.3.p99_ms,
+        "webhook_rps_h2": webhook_rps_h2,
+        "ceiling_rps_h2": ceiling_rps_h2,
+        "rps_ratio_h2": webhook_rps_h2 / ceiling_rps_h2,
+        "offered_rps_h2": h2.1,
+        "p50_ms_h2": h2.2.p50_ms,
+        "p99_ms_h2": h2.2.p99_ms,
+        "ceiling_p50_ms_h2": h2.3.p50_ms,
+        "ceiling_p99_ms_h2": h2.3.p99_ms,
+        "large_pod_ms": large_pod_ms,
+        "scaling_ratio": scaling_ratio,
+        "engine_us": engine.iter().map(|(n, ns)| (n.clone(), json!(ns / 1e3))).collect::<serde_json::Map<_, _>>(),
+        "rss_mb": rss_mb,
+        "ceiling_rss_mb": ceiling_rss_mb,
+        "ready_ms": ready_ms,
+        "ready_ms_all": ready,
+        "first_ready_ms": ms(first_ready),
+        "errors": errors,
+        "goals": goals,
+        "machine": machine,
+        "settings": {
+            "review_bytes": review_bytes,
+            "rounds": bench.args.rounds,
+            "duration_s": bench.args.duration,
+            "warmup_s": bench.args.warmup,
+            "h1": bench.shape_label(Proto::H1),
+            "h2": bench.shape_label(Proto::H2),
+        },
+        "runs": bench.runs,
+    });
+    let path = bench.args.out.join("summary.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&summary)? + "\n")?;
+    println!("\nwrote {}", path.display());
+    Ok(())
+}
+
+fn goal(name: &str, measured: Option<f64>, op: &str, target: f64, unit: &str) -> Value {
+    let met = measured.map(|v| if op == ">=" { v >= target } else { v <= target });
+    json!({"goal": name, "measured": measured, "op": op, "target": target, "unit": unit, "met": met})
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> anyhow::Result<Server> {
+    let stderr = std::fs::File::create(log)?;
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("cannot start {name}"))?;
+    Ok(Server {
+        name,
+        child,
+        log: log.to_path_buf(),
+    })
+}
+
+fn spawn_webhook(
+    bin: &Path,
+    port: u16,
+    admin: u16,
+    cert: &Path,
+    key: &Path,
+    log: &Path,
+) -> anyhow::Result<Server> {
+    spawn(
+        "webhook",
+        Command::new(bin)
+            .arg("serve")
+            .arg("--listen")
+            .arg(SocketAddr::new(LOOPBACK, port).to_string())
+            .arg("--admin-listen")
+            .arg(SocketAddr::new(LOOPBACK, admin).to_string())
+            .arg("--tls-cert-file")
+            .arg(cert)
+            .arg("--tls-key-file")
+            .arg(key)
+            .arg("--log-format")
+            .arg("json")
+            // The production default log level, whatever the caller's shell says.
+            .env_remove("RUST_LOG")
+            .env_remove("SIDECAR_INJECTOR_CONFIG"),
+        log,
+    )
+}
+
+/// Polls `GET /readyz` every millisecond until it answers 200; the time since `start`.
+fn wait_ready(server: &mut Server, admin: u16, start: Instant) -> anyhow::Result<Duration> {
+    let addr = SocketAddr::new(LOOPBACK, admin);
+    loop {
+        if readyz(addr) {
+            return Ok(start.elapsed());
+        }
+        server.exited()?;
+        ensure!(
+            start.elapsed() < Duration::from_secs(10),
+            "webhook not ready after 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn readyz(addr: SocketAddr) -> bool {
+    let attempt = || -> std::io::Result<bool> {
+        let mut tcp = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
+        tcp.set_read_timeout(Some(Duration::from_secs(1)))?;
+        tcp.write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+        let mut head = [0_u8; 12];
+        tcp.read_exact(&mut head)?;
+        Ok(&head == b"HTTP/1.1 200")
+    };
+    attempt().unwrap_or(false)
+}
+
+fn wait_listening(server: &mut Server, port: u16) -> anyhow::Result<()> {
+    let start = Instant::now();
+    let addr = SocketAddr::new(LOOPBACK, port);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        server.exited()?;
+        ensure!(
+            start.elapsed() < Duration::from_secs(10),
+            "{} not listening after 10 s",
+            server.name
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+/// Runs a command to the end, or kills it at `limit`.
+fn run_bounded(mut cmd: Command, limit: Duration) -> anyhow::Result<Output> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let start = Instant::now();
+    loop {
+        if child.try_wait()?.is_some() {
+            return Ok(child.wait_with_output()?);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{cmd:?} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn vm_hwm_kib(pid: u32) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/PID/status")
+}
+
+/// The engine benches, in order, as (name, median nanoseconds).
+fn read_engine(dir: &Path) -> Vec<(String, f64)> {
+    let names = [
+        "typical",
+        "env_10",
+        "env_100",
+        "env_1000",
+        "env_10000",
+        "2x2000_env",
+    ];
+    names
+        .iter()
+        .filter_map(|name| {
+            let path = dir.join("mutate").join(name).join("new/estimates.json");
+            let text = std::fs::read_to_string(path).ok()?;
+            let v: Value = serde_json::from_str(&text).ok()?;
+            Some((name.to_string(), v["median"]["point_estimate"].as_f64()?))
+        })
+        .collect()
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
+        })
+        .unwrap_or_default();
+    let nproc = std::thread::available_parallelism().map_or(0, usize::from);
+    json!({"cpu": cpu, "nproc": nproc})
+}

@@ -1,0 +1,129 @@
+//! The transport ceiling: the webhook's stack (hyper-util's auto builder over tokio-rustls with
+//! the webhook's own TLS configuration) answering a fixed AdmissionReview without looking at the
+//! request. It still reads every request body to the end. No webhook on this machine can do
+//! more requests per second than this.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use clap::Parser;
+use http::{HeaderValue, Response, header};
+use http_body_util::{BodyExt as _, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use sidecar_injector::config::Injector;
+use sidecar_injector::review::{self, Webhook};
+use sidecar_injector::server::tls;
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Address to listen on (loopback).
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Serving certificate (PEM). Without it, the webhook's development certificate is made.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// Where the development certificate's CA is written when no certificate is given.
+    #[arg(long)]
+    dev_ca_file: Option<PathBuf>,
+    /// The server exits by itself after this many seconds, even if nobody stops it.
+    #[arg(long, default_value_t = 900)]
+    exit_after: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    anyhow::ensure!(args.listen.ip().is_loopback(), "listen on loopback only");
+    // The answer the webhook gives for the bench's review: same bytes, same size.
+    let injector = Injector::embedded(None)?;
+    let answer = review::answer(
+        &injector,
+        Webhook::Mutate,
+        &sidecar_injector_bench::review_body()?,
+    )?;
+    let answer = Bytes::from(answer.body);
+
+    let loaded = match (&args.tls_cert_file, &args.tls_key_file) {
+        (Some(cert), Some(key)) => tls::CertFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }
+        .load()?,
+        _ => {
+            let dev = tls::dev_cert()?;
+            if let Some(path) = &args.dev_ca_file {
+                std::fs::write(path, &dev.ca_pem).with_context(|| path.display().to_string())?;
+            }
+            dev.loaded
+        }
+    };
+    let resolver = Arc::new(tls::Resolver::new(loaded.key));
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(resolver)?));
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let listener = TcpListener::bind(args.listen).await?;
+        tokio::select! {
+            () = serve(listener, acceptor, answer) => {}
+            () = tokio::time::sleep(Duration::from_secs(args.exit_after)) => {}
+        }
+        Ok(())
+    })
+}
+
+async fn serve(listener: TcpListener, acceptor: TlsAcceptor, answer: Bytes) {
+    // The webhook's builder settings (src/server/mod.rs).
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(5))
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)));
+    let builder = Arc::new(builder);
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let _ = tcp.set_nodelay(true);
+        let (acceptor, builder, answer) = (acceptor.clone(), builder.clone(), answer.clone());
+        tokio::spawn(async move {
+            let Ok(Ok(tls)) =
+                tokio::time::timeout(Duration::from_secs(5), acceptor.accept(tcp)).await
+            else {
+                return;
+            };
+            let service =
+                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let answer = answer.clone();
+                    async move {
+                        // Read the whole body, as any webhook must, and ignore it.
+                        let _ = req.into_body().collect().await;
+                        let mut response = Response::new(Full::new(answer));
+                        response.headers_mut().insert(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("application/json"),
+                        );
+                        Ok::<_, Infallible>(response)
+                    }
+                });
+            let _ = builder.serve_connection(TokioIo::new(tls), service).await;
+        });
+    }
+}

@@ -1,0 +1,51 @@
+//! A fixed amount of engine work for a profiler: `review::answer` (mutate) on the bench's review
+//! `--iterations` times, optionally with the first container's env replaced by `--env N`
+//! variables. `valgrind --tool=callgrind target/release/engine-loop --iterations 200` gives
+//! instruction counts that repeat from run to run, unlike times on a shared machine.
+
+use anyhow::{Context as _, ensure};
+use clap::Parser;
+use serde_json::{Value, json};
+use sidecar_injector::config::Injector;
+use sidecar_injector::review::{self, Outcome, Webhook};
+
+#[derive(Debug, Parser)]
+struct Args {
+    #[arg(long, default_value_t = 100)]
+    iterations: u32,
+    /// Replace the env of the first `--containers` containers by this many variables each.
+    #[arg(long)]
+    env: Option<usize>,
+    #[arg(long, default_value_t = 1)]
+    containers: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut review: Value = serde_json::from_str(sidecar_injector_bench::REVIEW)?;
+    if let Some(count) = args.env {
+        let containers = review["request"]["object"]["spec"]["containers"]
+            .as_array_mut()
+            .context("fixture has containers")?;
+        ensure!(args.containers <= containers.len(), "too many containers");
+        for (c, container) in containers.iter_mut().take(args.containers).enumerate() {
+            container["env"] = (0..count)
+                .map(|i| json!({"name": format!("C{c}_VAR_{i:05}"), "value": format!("value-{i}")}))
+                .collect();
+        }
+    }
+    let body = serde_json::to_vec(&review)?;
+    let injector = Injector::embedded(None)?;
+    let mut bytes = 0;
+    for _ in 0..args.iterations {
+        let answer = review::answer(&injector, Webhook::Mutate, std::hint::black_box(&body))?;
+        ensure!(answer.outcome == Outcome::Injected, "not injected");
+        bytes += answer.body.len();
+    }
+    println!(
+        "{} reviews of {} bytes, {bytes} bytes answered",
+        args.iterations,
+        body.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,452 @@
+//! The load generator: POSTs the bench's AdmissionReview over TLS to a server on 127.0.0.1,
+//! over a fixed number of keep-alive connections (HTTP/1.1, or HTTP/2 with several streams per
+//! connection), for a fixed time, and prints one JSON line (`LoadReport`).
+//!
+//! Closed loop (no `--rate`): every worker sends its next request as soon as the answer to the
+//! previous one is read; requests per second at saturation.
+//! Open loop (`--rate R`): request i is due at `start + i/R`, whoever is free sends it, and its
+//! latency runs from when it was due, not from when it was sent, so a slow answer that holds up
+//! the next requests is charged to them too (no coordinated omission).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail, ensure};
+use bytes::Bytes;
+use clap::Parser;
+use http::{HeaderValue, Method, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt as _, Full};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sidecar_injector_bench::{LoadReport, client_config, percentile_ms, review_body, server_name};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsConnector;
+
+/// How long past its schedule an open-loop run may go on answering.
+const GIVE_UP_AFTER: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Server address; must be on loopback.
+    #[arg(long)]
+    addr: SocketAddr,
+    /// CA certificate (PEM) the server's certificate must chain to.
+    #[arg(long)]
+    ca: PathBuf,
+    #[arg(long, default_value = "/mutate")]
+    path: String,
+    /// 1 (HTTP/1.1) or 2 (HTTP/2), negotiated by ALPN.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+    http: u8,
+    #[arg(long, default_value_t = 16)]
+    connections: usize,
+    /// Concurrent requests per connection (HTTP/2 only).
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    /// Seconds measured, after the warm-up.
+    #[arg(long, default_value_t = 5.0)]
+    duration: f64,
+    /// Seconds of load before measuring.
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Requests per second, sent at fixed intervals (open loop). Without it: closed loop.
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Threads of the generator's runtime.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Send one request, check it is a 200 AdmissionReview that allows with a JSONPatch, and
+    /// print what came back.
+    #[arg(long)]
+    check: bool,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    ensure!(args.addr.ip().is_loopback(), "load goes to loopback only");
+    ensure!(
+        (1..=1024).contains(&args.connections),
+        "--connections 1..=1024"
+    );
+    ensure!((1..=256).contains(&args.streams), "--streams 1..=256");
+    ensure!(
+        args.http == 2 || args.streams == 1,
+        "--streams needs --http 2"
+    );
+    ensure!(
+        args.duration > 0.0 && args.duration <= 120.0,
+        "--duration (0, 120]"
+    );
+    ensure!((0.0..=30.0).contains(&args.warmup), "--warmup [0, 30]");
+    if let Some(rate) = args.rate {
+        ensure!(rate > 0.0 && rate <= 1e6, "--rate (0, 1e6]");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()?;
+    let target = Arc::new(Target::new(&args)?);
+    let report = runtime.block_on(async {
+        if args.check {
+            return check(&target).await;
+        }
+        // Past this, whatever is still running is abandoned: the run ends by itself.
+        let bound = Duration::from_secs_f64(args.warmup + args.duration + 30.0);
+        match tokio::time::timeout(bound, run(&args, target.clone())).await {
+            Ok(report) => report,
+            Err(_) => bail!("load run did not finish within {bound:?}"),
+        }
+    })?;
+    println!("{report}");
+    // Connections still open are dropped with the runtime.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}
+
+/// Where requests go and what they carry.
+struct Target {
+    addr: SocketAddr,
+    http: u8,
+    connector: TlsConnector,
+    uri: Uri,
+    host: HeaderValue,
+    body: Bytes,
+}
+
+enum Sender {
+    H1(http1::SendRequest<Full<Bytes>>),
+    H2(http2::SendRequest<Full<Bytes>>),
+}
+
+impl Target {
+    fn new(args: &Args) -> anyhow::Result<Self> {
+        let alpn: &[u8] = if args.http == 2 { b"h2" } else { b"http/1.1" };
+        let connector = TlsConnector::from(Arc::new(client_config(&args.ca, alpn)?));
+        let authority = args.addr.to_string();
+        // HTTP/2 carries scheme and authority in the request; HTTP/1.1 sends the path and a Host.
+        let uri: Uri = if args.http == 2 {
+            format!("https://{authority}{}", args.path).parse()?
+        } else {
+            args.path.parse()?
+        };
+        Ok(Self {
+            addr: args.addr,
+            http: args.http,
+            connector,
+            uri,
+            host: HeaderValue::from_str(&authority)?,
+            body: Bytes::from(review_body()?),
+        })
+    }
+
+    async fn connect(&self) -> anyhow::Result<Sender> {
+        let tcp = TcpStream::connect(self.addr).await?;
+        tcp.set_nodelay(true)?;
+        let tls = self.connector.connect(server_name(), tcp).await?;
+        let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+        let io = TokioIo::new(tls);
+        if self.http == 2 {
+            ensure!(alpn.as_deref() == Some(b"h2"), "server did not agree to h2");
+            let (sender, conn) = http2::handshake(TokioExecutor::new(), io).await?;
+            tokio::spawn(conn);
+            Ok(Sender::H2(sender))
+        } else {
+            ensure!(
+                alpn.as_deref() == Some(b"http/1.1"),
+                "server did not agree to http/1.1"
+            );
+            let (sender, conn) = http1::handshake(io).await?;
+            tokio::spawn(conn);
+            Ok(Sender::H1(sender))
+        }
+    }
+
+    /// Sends one review and reads the whole answer.
+    async fn send(&self, sender: &mut Sender) -> anyhow::Result<Bytes> {
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(self.uri.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(self.body.clone()))?;
+        let response = match sender {
+            Sender::H1(s) => {
+                request
+                    .headers_mut()
+                    .insert(header::HOST, self.host.clone());
+                s.ready().await?;
+                s.send_request(request).await?
+            }
+            Sender::H2(s) => {
+                s.ready().await?;
+                s.send_request(request).await?
+            }
+        };
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        if status != StatusCode::OK {
+            bail!("status {status}: {}", String::from_utf8_lossy(&body));
+        }
+        Ok(body)
+    }
+}
+
+/// One request; fails unless the answer allows the pod with a JSONPatch for the request's uid.
+async fn check(target: &Target) -> anyhow::Result<String> {
+    let mut sender = target.connect().await?;
+    let body = target.send(&mut sender).await?;
+    let review: serde_json::Value = serde_json::from_slice(&body).context("answer is not JSON")?;
+    let sent: serde_json::Value = serde_json::from_slice(&target.body)?;
+    let response = &review["response"];
+    ensure!(
+        response["uid"] == sent["request"]["uid"],
+        "answer does not echo the request's uid: {review}"
+    );
+    ensure!(
+        response["allowed"] == true,
+        "answer does not allow: {review}"
+    );
+    ensure!(
+        response["patchType"] == "JSONPatch"
+            && response["patch"].as_str().is_some_and(|p| !p.is_empty()),
+        "answer has no JSONPatch: {review}"
+    );
+    Ok(serde_json::json!({
+        "status": 200,
+        "bytes": body.len(),
+        "patch_base64_bytes": response["patch"].as_str().map_or(0, str::len),
+    })
+    .to_string())
+}
+
+#[derive(Default)]
+struct Tally {
+    ok: u64,
+    errors: u64,
+    unsent: u64,
+    latencies_ns: Vec<u64>,
+    last_done: Option<Instant>,
+}
+
+/// When the next open-loop request is due: the pacer thread adds one permit per due request.
+struct Pace {
+    permits: Semaphore,
+    next: AtomicUsize,
+    start: Instant,
+    interval_ns: f64,
+    total: usize,
+    warmup_slots: usize,
+    /// Requests still waiting for a free worker this long after the last one was due are not
+    /// sent: the server is far behind, and the run must end in bounded time.
+    give_up: Instant,
+}
+
+impl Pace {
+    fn due(&self, slot: usize) -> Instant {
+        self.start + Duration::from_nanos((slot as f64 * self.interval_ns) as u64)
+    }
+}
+
+async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
+    let mut senders = Vec::new();
+    for _ in 0..args.connections {
+        let sender = target.connect().await?;
+        // HTTP/2 streams share their connection; an HTTP/1.1 connection has one worker.
+        if let Sender::H2(shared) = &sender {
+            for _ in 1..args.streams {
+                senders.push(Sender::H2(shared.clone()));
+            }
+        }
+        senders.push(sender);
+    }
+    let workers = senders.len();
+    let warmup = Duration::from_secs_f64(args.warmup);
+    let duration = Duration::from_secs_f64(args.duration);
+    let mut tasks = Vec::with_capacity(workers);
+    let measure_from = match args.rate {
+        None => {
+            let measure_from = Instant::now() + warmup;
+            let end = measure_from + duration;
+            for sender in senders {
+                let target = target.clone();
+                tasks.push(tokio::spawn(closed_worker(
+                    target,
+                    sender,
+                    measure_from,
+                    end,
+                )));
+            }
+            None
+        }
+        Some(rate) => {
+            let interval_ns = 1e9 / rate;
+            let start = Instant::now() + Duration::from_millis(5);
+            let pace = Arc::new(Pace {
+                permits: Semaphore::new(0),
+                next: AtomicUsize::new(0),
+                start,
+                give_up: start + warmup + duration + GIVE_UP_AFTER,
+                interval_ns,
+                total: (rate * (args.warmup + args.duration)).round() as usize,
+                warmup_slots: (rate * args.warmup).round() as usize,
+            });
+            for sender in senders {
+                tasks.push(tokio::spawn(open_worker(
+                    target.clone(),
+                    sender,
+                    pace.clone(),
+                )));
+            }
+            // A thread, not a tokio timer: tokio's timer wheel ticks in milliseconds, which would
+            // bunch sends together and add up to a millisecond to every measured latency.
+            std::thread::spawn(move || {
+                for slot in 0..pace.total {
+                    let due = pace.due(slot);
+                    let now = Instant::now();
+                    if due > now {
+                        std::thread::sleep(due - now);
+                    }
+                    pace.permits.add_permits(1);
+                }
+                // Wake every worker once more so each sees that no slot is left.
+                pace.permits.add_permits(workers);
+            });
+            Some(start + warmup)
+        }
+    };
+    let mut tally = Tally::default();
+    for task in tasks {
+        let t = task.await?;
+        tally.ok += t.ok;
+        tally.errors += t.errors;
+        tally.unsent += t.unsent;
+        tally.latencies_ns.extend(t.latencies_ns);
+        tally.last_done = tally.last_done.max(t.last_done);
+    }
+    let mut lat = tally.latencies_ns;
+    lat.sort_unstable();
+    // The open loop's window ends with its last answer: a server that falls behind answers the
+    // same number of requests over a longer time.
+    let seconds = match (measure_from, tally.last_done) {
+        (Some(from), Some(last)) if args.rate.is_some() => last
+            .saturating_duration_since(from)
+            .as_secs_f64()
+            .max(args.duration),
+        _ => args.duration,
+    };
+    let report = LoadReport {
+        mode: if args.rate.is_some() {
+            "open"
+        } else {
+            "closed"
+        }
+        .into(),
+        http: args.http,
+        connections: args.connections,
+        streams: args.streams,
+        offered_rps: args.rate,
+        requests: tally.ok,
+        errors: tally.errors,
+        unsent: tally.unsent,
+        seconds,
+        rps: tally.ok as f64 / seconds,
+        p50_ms: percentile_ms(&lat, 0.50),
+        p90_ms: percentile_ms(&lat, 0.90),
+        p99_ms: percentile_ms(&lat, 0.99),
+        p999_ms: percentile_ms(&lat, 0.999),
+        max_ms: percentile_ms(&lat, 1.0),
+    };
+    Ok(serde_json::to_string(&report)?)
+}
+
+async fn closed_worker(
+    target: Arc<Target>,
+    mut sender: Sender,
+    measure_from: Instant,
+    end: Instant,
+) -> Tally {
+    let mut tally = Tally::default();
+    loop {
+        let sent = Instant::now();
+        if sent >= end {
+            break;
+        }
+        let result = target.send(&mut sender).await;
+        let done = Instant::now();
+        match result {
+            Ok(_) if done >= measure_from && done <= end => {
+                tally.ok += 1;
+                tally.latencies_ns.push(nanos(done - sent));
+            }
+            Ok(_) => {}
+            Err(_) => {
+                tally.errors += 1;
+                sender = reconnect(&target, sender).await;
+            }
+        }
+    }
+    tally
+}
+
+async fn open_worker(target: Arc<Target>, mut sender: Sender, pace: Arc<Pace>) -> Tally {
+    let mut tally = Tally::default();
+    loop {
+        let Ok(permit) = pace.permits.acquire().await else {
+            break;
+        };
+        permit.forget();
+        let slot = pace.next.fetch_add(1, Ordering::Relaxed);
+        if slot >= pace.total {
+            break;
+        }
+        let due = pace.due(slot);
+        let now = Instant::now();
+        if now > pace.give_up {
+            // Charged as if answered now: a lower bound of what it would have taken.
+            tally.unsent += 1;
+            if slot >= pace.warmup_slots {
+                tally
+                    .latencies_ns
+                    .push(nanos(now.saturating_duration_since(due)));
+            }
+            continue;
+        }
+        let result = target.send(&mut sender).await;
+        let done = Instant::now();
+        match result {
+            Ok(_) if slot >= pace.warmup_slots => {
+                tally.ok += 1;
+                tally
+                    .latencies_ns
+                    .push(nanos(done.saturating_duration_since(due)));
+                tally.last_done = Some(done);
+            }
+            Ok(_) => {}
+            Err(_) => {
+                tally.errors += 1;
+                sender = reconnect(&target, sender).await;
+            }
+        }
+    }
+    tally
+}
+
+/// A fresh connection after a failure; the old sender if none can be had (pausing briefly, so a
+/// dead server is not hammered).
+async fn reconnect(target: &Target, old: Sender) -> Sender {
+    match target.connect().await {
+        Ok(sender) => sender,
+        Err(_) => {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            old
+        }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,96 @@
+//! Engine cost as pods grow: `review::answer` for the mutating webhook, in process, on prepared
+//! AdmissionReview bodies (the typical pod of `bench/review.json`, then the same pod with its
+//! first container's env replaced by 10 … 10,000 variables, and with 2,000 in each of its two
+//! containers). Timing only: nothing here asserts on time.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use criterion::{Criterion, criterion_group, criterion_main};
+use serde_json::{Value, json};
+use sidecar_injector::config::Injector;
+use sidecar_injector::review::{self, Outcome, Webhook};
+
+const REVIEW: &str = include_str!("../bench/review.json");
+
+/// `count` env vars, mostly plain values, every tenth from a secret (as real pods mix them).
+fn env_vars(container: usize, count: usize) -> Value {
+    (0..count)
+        .map(|i| {
+            let name = format!("C{container}_VAR_{i:05}");
+            if i % 10 == 9 {
+                json!({"name": name, "valueFrom": {"secretKeyRef": {"name": "app-secrets", "key": format!("key-{i}")}}})
+            } else {
+                json!({"name": name, "value": format!("value-{i}-of-{count}")})
+            }
+        })
+        .collect()
+}
+
+/// The typical review, with the env of container `i` replaced by `env[i]` variables.
+fn review_with_env(env: &[usize]) -> anyhow::Result<Vec<u8>> {
+    let mut review: Value = serde_json::from_str(REVIEW)?;
+    let containers = review["request"]["object"]["spec"]["containers"]
+        .as_array_mut()
+        .context("fixture has containers")?;
+    ensure!(
+        containers.len() >= env.len(),
+        "fixture has too few containers"
+    );
+    for (i, count) in env.iter().enumerate() {
+        containers[i]["env"] = env_vars(i, *count);
+    }
+    Ok(serde_json::to_vec(&review)?)
+}
+
+fn prepare() -> anyhow::Result<(Injector, Vec<(&'static str, Vec<u8>)>)> {
+    let injector = Injector::embedded(None)?;
+    let typical: Value = serde_json::from_str(REVIEW)?;
+    let cases = vec![
+        ("typical", serde_json::to_vec(&typical)?),
+        ("env_10", review_with_env(&[10])?),
+        ("env_100", review_with_env(&[100])?),
+        ("env_1000", review_with_env(&[1_000])?),
+        ("env_10000", review_with_env(&[10_000])?),
+        ("2x2000_env", review_with_env(&[2_000, 2_000])?),
+    ];
+    // Measure the path that matters: every body must come back with a patch.
+    for (name, body) in &cases {
+        let answer = review::answer(&injector, Webhook::Mutate, body)?;
+        ensure!(
+            answer.outcome == Outcome::Injected,
+            "{name}: expected an injection, got {:?}",
+            answer.outcome
+        );
+    }
+    Ok((injector, cases))
+}
+
+fn engine(c: &mut Criterion) {
+    let (injector, cases) = match prepare() {
+        Ok(prepared) => prepared,
+        Err(error) => {
+            eprintln!("cannot prepare the engine benches: {error:#}");
+            std::process::exit(1);
+        }
+    };
+    let mut group = c.benchmark_group("mutate");
+    for (name, body) in &cases {
+        group.bench_function(*name, |b| {
+            b.iter(|| review::answer(&injector, Webhook::Mutate, std::hint::black_box(body)))
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    // Short, so that `make bench` stays within its ten minutes.
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(30)
+        .without_plots();
+    targets = engine
+}
+criterion_main!(benches);
