@@ -43,7 +43,10 @@ fn review_with_env(env: &[usize]) -> anyhow::Result<Vec<u8>> {
     Ok(serde_json::to_vec(&review)?)
 }
 
-fn prepare() -> anyhow::Result<(Injector, Vec<(&'static str, Vec<u8>)>)> {
+/// A named AdmissionReview body.
+type Case = (&'static str, Vec<u8>);
+
+fn prepare() -> anyhow::Result<(Injector, Vec<Case>)> {
     let injector = Injector::embedded(None)?;
     let typical: Value = serde_json::from_str(REVIEW)?;
     let cases = vec![
