@@ -20,12 +20,14 @@ set -euo pipefail
 
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd -- "$HERE/.." && pwd)
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$HERE/lib.sh"
 CARGO=${CARGO:-cargo}
 RELEASE=sidecar-injector
 RELEASE_NAMESPACE=sidecar-injector
 START=$SECONDS
 
-log() { printf '[e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+log() { e2e_log "$@"; }
 die() { log "ERROR: $*"; exit 1; }
 
 cd "$REPO"
@@ -44,6 +46,7 @@ report() { # the closing line, once
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
+  e2e_stop_scenarios
   if [[ -n "$WORKDIR" ]]; then
     E2E_WORKDIR="$WORKDIR" "$HERE/injector.sh" stop || rc=1
     "$HERE/control-plane/down.sh" "$WORKDIR" >/dev/null || rc=1
@@ -90,14 +93,9 @@ TARGET_DIR=$("$CARGO" metadata --format-version 1 --no-deps |
 [[ -n "$TARGET_DIR" ]] || die "cannot find cargo's target directory"
 INJECTOR_BIN="$TARGET_DIR/debug/sidecar-injector"
 [[ -x "$INJECTOR_BIN" ]] || die "$INJECTOR_BIN was not built"
-SUITE=("$CARGO" test -p sidecar-injector-e2e --test scenarios)
-"${SUITE[@]}" --no-run
 "$CARGO" test -p sidecar-injector-e2e --lib --quiet >/dev/null ||
   die "the suite's own unit tests failed: cargo test -p sidecar-injector-e2e --lib"
-FILTER=()
-if [[ -n "${E2E_TEST_FILTER:-}" ]]; then FILTER=("$E2E_TEST_FILTER"); fi
-LIST=$("${SUITE[@]}" --quiet -- --list "${FILTER[@]}" 2>/dev/null)
-TOTAL=$(grep -c ': test$' <<<"$LIST" || true)
+TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
 ((TOTAL > 0)) || die "no scenario found"
 
 log "control plane: e2e/control-plane/build.sh"
@@ -164,10 +162,9 @@ helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
   --timeout 60s >"$WORKDIR/logs/helm-install.log" 2> >(grep -v 'symbolic link in path' >&2) ||
   die "helm install failed (see $WORKDIR/logs/helm-install.log)"
 
-PROBE='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"app","image":"registry.k8s.io/pause:3.10"}]}}'
 injected_on_dry_run() {
   local out
-  out=$("${ADMIN_CURL[@]}" -X POST -H 'Content-Type: application/json' --data "$PROBE" \
+  out=$("${ADMIN_CURL[@]}" -X POST -H 'Content-Type: application/json' --data "$E2E_PROBE_POD" \
     "$APISERVER_URL/api/v1/namespaces/default/pods?dryRun=All" 2>/dev/null) || return 1
   [[ "$out" == *'sidecar-injector.io/status'* ]]
 }
@@ -186,22 +183,16 @@ export E2E_CHART="$REPO/charts/sidecar-injector"
 export E2E_RELEASE_NAMESPACE="$RELEASE_NAMESPACE"
 export E2E_WEBHOOK_CONFIG="$RELEASE"
 export KUBECONFIG AUDIT_LOG CA_CERT
-# A failed scenario's error is its message and context; a backtrace of the test harness adds nothing.
-export RUST_LIB_BACKTRACE="${RUST_LIB_BACKTRACE:-0}"
-SUITE_LOG="$WORKDIR/logs/scenarios.log"
 log "running $TOTAL scenarios"
 suite_rc=0
-"${SUITE[@]}" -- --test-threads=1 --nocapture "${FILTER[@]}" 2>&1 | tee "$SUITE_LOG" || suite_rc=$?
-
-summary=$(grep -E '^test result: ' "$SUITE_LOG" | tail -n1 || true)
-if [[ "$summary" =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
-  PASSED=${BASH_REMATCH[1]}
-  FAILED=${BASH_REMATCH[2]}
-else
-  FAILED=$((TOTAL - PASSED))
+e2e_run_scenarios "$CARGO" "$TOTAL" "$WORKDIR/logs/scenarios.log" || suite_rc=$?
+PASSED=$E2E_PASSED
+FAILED=$E2E_FAILED
+if ((E2E_SKIPPED > 0)); then
+  # Local mode has everything every scenario needs: a skip is a failure of this script.
+  log "ERROR: $E2E_SKIPPED scenarios skipped themselves"
+  FAILED=$((FAILED + E2E_SKIPPED))
 fi
-SKIPPED=$(grep -c '^SKIPPED ' "$SUITE_LOG" || true)
-((SKIPPED == 0)) || { log "ERROR: $SKIPPED scenarios skipped in local mode"; FAILED=$((FAILED + SKIPPED)); PASSED=$((PASSED - SKIPPED)); }
 if ((suite_rc != 0 || FAILED != 0)); then
   exit 1
 fi

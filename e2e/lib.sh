@@ -1,0 +1,70 @@
+# shellcheck shell=bash
+# Shared by e2e/run.sh (local control plane) and e2e/kind/run.sh (kind), so both run the
+# scenarios and count them the same way. Sourced, not run.
+
+E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios)
+# An opted-in pod for server-side dry-run probes (pause image: nothing pulls it).
+# shellcheck disable=SC2034 # used by the scripts that source this file
+E2E_PROBE_POD='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"app","image":"registry.k8s.io/pause:3.10"}]}}'
+
+e2e_log() { printf '[e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+# Builds the suite and prints how many scenarios match the filter (E2E_TEST_FILTER).
+e2e_count_scenarios() { # cargo
+  local cargo=$1 list filter=()
+  if [[ -n "${E2E_TEST_FILTER:-}" ]]; then filter=("$E2E_TEST_FILTER"); fi
+  "$cargo" "${E2E_SUITE[@]}" --no-run >&2 || return 1
+  list=$("$cargo" "${E2E_SUITE[@]}" --quiet -- --list "${filter[@]}" 2>/dev/null) || return 1
+  grep -c ': test$' <<<"$list" || true
+}
+
+# Runs the scenarios one at a time (some change the shared webhook configurations), with their
+# output shown as they run and kept in LOG. Sets E2E_PASSED, E2E_FAILED and E2E_SKIPPED from
+# cargo's summary line. A scenario that skips itself prints "SKIPPED name: reason" (after the
+# harness's "test name ... ") and counts as skipped, not passed. Without a summary line, every
+# scenario counts as failed. Returns cargo's exit code.
+# The suite runs in its own session in the background, so a signal to the caller is acted on at
+# once: the caller's exit trap calls e2e_stop_scenarios, which ends cargo and the test binary.
+E2E_SUITE_PID=""
+e2e_run_scenarios() { # cargo total log
+  local cargo=$1 total=$2 log=$3 rc=0 summary tail_pid filter=()
+  if [[ -n "${E2E_TEST_FILTER:-}" ]]; then filter=("$E2E_TEST_FILTER"); fi
+  : >"$log"
+  # A failed scenario's error is its message and context; a backtrace of the harness adds nothing.
+  RUST_LIB_BACKTRACE="${RUST_LIB_BACKTRACE:-0}" setsid -w \
+    "$cargo" "${E2E_SUITE[@]}" -- --test-threads=1 --nocapture "${filter[@]}" \
+    >"$log" 2>&1 </dev/null &
+  E2E_SUITE_PID=$!
+  tail --pid="$E2E_SUITE_PID" -n +1 -f "$log" &
+  tail_pid=$!
+  wait "$E2E_SUITE_PID" || rc=$?
+  E2E_SUITE_PID=""
+  wait "$tail_pid" || true
+  E2E_PASSED=0
+  E2E_FAILED=0
+  summary=$(grep -E '^test result: ' "$log" | tail -n1 || true)
+  if [[ "$summary" =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
+    E2E_PASSED=${BASH_REMATCH[1]}
+    E2E_FAILED=${BASH_REMATCH[2]}
+  else
+    E2E_FAILED=$total
+  fi
+  E2E_SKIPPED=$(grep -cE '(^| )SKIPPED [a-z0-9-]+: ' "$log" || true)
+  E2E_PASSED=$((E2E_PASSED - E2E_SKIPPED))
+  if ((E2E_PASSED < 0)); then E2E_PASSED=0; fi
+  if ((rc == 0 && E2E_FAILED > 0)); then rc=1; fi
+  return "$rc"
+}
+
+# Ends a suite still running (cargo and the test binary: the whole session), if any.
+e2e_stop_scenarios() {
+  local pid=$E2E_SUITE_PID i
+  [[ -n "$pid" ]] || return 0
+  E2E_SUITE_PID=""
+  kill -TERM -- "-$pid" "$pid" 2>/dev/null || true
+  for ((i = 0; i < 50; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL -- "-$pid" "$pid" 2>/dev/null || true
+}
