@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The end-to-end scenarios against a kind cluster, for users with Docker: the chart as a user
+# installs it (in-cluster Deployment, Service, chart-made certificates), the image built from
+# the top-level Dockerfile.
+#
+#  1. builds the scenario suite (before any cluster exists),
+#  2. creates a kind cluster (e2e/kind/cluster.yaml) with its own kubeconfig in a temp dir,
+#  3. `docker build`s the image and `kind load`s it into the cluster,
+#  4. `helm install`s the chart (service mode, certificates.mode=selfSigned),
+#  5. waits for the rollout and until a server-side dry-run create comes back injected,
+#  6. runs the same scenarios as e2e/run.sh with E2E_MODE=kind: the ones that need apiserver
+#     flags, the audit log, a webhook on the test machine's 127.0.0.1 or control of the server
+#     process say "SKIPPED name: reason" and count as skipped,
+#  7. deletes the cluster (exit trap, also on failure or Ctrl-C).
+#
+# Prints "kube-apiserver vX.Y.Z" and ends with "N passed, M failed, K skipped"; exits non-zero
+# on any failure.
+#   env KIND_CLUSTER_NAME  (default sidecar-injector-e2e; must not exist yet)
+#   env KIND_NODE_IMAGE    node image (default: kind's own)
+#   env IMAGE_TAG          tag of the sidecar-injector image (default e2e)
+#   env KEEP_CLUSTER=1     leave the cluster running (delete it with kind delete cluster --name ...)
+#   env E2E_TEST_FILTER    run only scenarios whose name contains this
+#   env CARGO              cargo to use (default cargo)
+set -euo pipefail
+
+HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+E2E=$(cd -- "$HERE/.." && pwd)
+REPO=$(cd -- "$E2E/.." && pwd)
+# shellcheck source=../lib.sh source-path=SCRIPTDIR
+. "$E2E/lib.sh"
+CARGO=${CARGO:-cargo}
+CLUSTER=${KIND_CLUSTER_NAME:-sidecar-injector-e2e}
+IMAGE_REPOSITORY=sidecar-injector
+IMAGE_TAG=${IMAGE_TAG:-e2e}
+IMAGE="$IMAGE_REPOSITORY:$IMAGE_TAG"
+RELEASE=sidecar-injector
+RELEASE_NAMESPACE=sidecar-injector
+START=$SECONDS
+
+log() { e2e_log "kind: $*"; }
+die() { log "ERROR: $*"; exit 1; }
+
+cd "$REPO"
+WORKDIR=""
+CREATED=0
+TOTAL=0
+PASSED=0
+FAILED=0
+SKIPPED=0
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  e2e_stop_scenarios
+  if ((CREATED)); then
+    if ((rc != 0)); then
+      log "server logs:"
+      kubectl --kubeconfig "$KUBECONFIG" -n "$RELEASE_NAMESPACE" logs "deployment/$RELEASE" \
+        --tail 40 >&2 2>/dev/null || true
+    fi
+    if [[ "${KEEP_CLUSTER:-0}" == 1 ]]; then
+      log "KEEP_CLUSTER=1: cluster $CLUSTER left running (KUBECONFIG=$KUBECONFIG)"
+    else
+      kind delete cluster --name "$CLUSTER" || rc=1
+    fi
+  fi
+  if [[ -n "$WORKDIR" && "${KEEP_CLUSTER:-0}" != 1 ]]; then rm -rf "$WORKDIR"; fi
+  if ((rc != 0 && FAILED == 0)); then
+    FAILED=$((TOTAL > PASSED + SKIPPED ? TOTAL - PASSED - SKIPPED : 1))
+  fi
+  log "took $((SECONDS - START))s"
+  echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+for tool in docker kind curl; do
+  command -v "$tool" >/dev/null || die "$tool is required (kind: https://kind.sigs.k8s.io)"
+done
+docker info >/dev/null 2>&1 || die "docker is installed but no Docker engine answers"
+
+# ---------------------------------------------------------------- build
+log "tools (helm, kubectl): tools/install.sh"
+bash "$REPO/tools/install.sh"
+# shellcheck source=../../tools/env.sh source-path=SCRIPTDIR
+. "$REPO/tools/env.sh"
+command -v helm >/dev/null || die "helm is missing after tools/install.sh"
+command -v kubectl >/dev/null || die "kubectl is missing after tools/install.sh"
+TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
+((TOTAL > 0)) || die "no scenario found"
+
+# ---------------------------------------------------------------- cluster
+if kind get clusters 2>/dev/null | grep -qx -- "$CLUSTER"; then
+  die "a kind cluster named $CLUSTER exists already: delete it or set KIND_CLUSTER_NAME"
+fi
+WORKDIR=$(mktemp -d -t sidecar-injector-kind.XXXXXX)
+export KUBECONFIG="$WORKDIR/kubeconfig"
+node_image=()
+if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then node_image=(--image "$KIND_NODE_IMAGE"); fi
+CREATED=1 # from here on the trap deletes the cluster, also a half-created one
+log "creating cluster $CLUSTER"
+kind create cluster --name "$CLUSTER" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" \
+  --wait 180s "${node_image[@]}"
+VERSION=$(kubectl get --raw /version | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
+[[ -n "$VERSION" ]] || die "cannot read the apiserver's /version"
+echo "kube-apiserver $VERSION"
+
+log "docker build -t $IMAGE"
+docker build -t "$IMAGE" "$REPO"
+kind load docker-image "$IMAGE" --name "$CLUSTER"
+
+# ---------------------------------------------------------------- the chart (service mode)
+log "helm install $RELEASE (service mode, selfSigned certificates)"
+helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
+  --namespace "$RELEASE_NAMESPACE" --create-namespace \
+  --set image.repository="$IMAGE_REPOSITORY" \
+  --set image.tag="$IMAGE_TAG" \
+  --set image.pullPolicy=Never \
+  --set certificates.mode=selfSigned \
+  --timeout 180s 2> >(grep -v 'symbolic link in path' >&2)
+kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=180s
+
+injected_on_dry_run() {
+  local out
+  out=$(kubectl -n default create --dry-run=server -o json -f - <<<"$E2E_PROBE_POD" 2>/dev/null) ||
+    return 1
+  [[ "$out" == *'sidecar-injector.io/status'* ]]
+}
+t0=$SECONDS
+until injected_on_dry_run; do
+  ((SECONDS - t0 < 60)) || die "no injection in a server-side dry-run after 60s"
+  sleep 1
+done
+log "webhooks effective after ~$((SECONDS - t0))s"
+
+# ---------------------------------------------------------------- scenarios
+export E2E_MODE=kind
+export E2E_CHART="$REPO/charts/sidecar-injector"
+export E2E_RELEASE_NAMESPACE="$RELEASE_NAMESPACE"
+export E2E_WEBHOOK_CONFIG="$RELEASE"
+# Local-mode settings from the caller's shell must not leak in.
+unset AUDIT_LOG E2E_INJECTOR_CTL E2E_WEBHOOK_URL CA_CERT
+log "running $TOTAL scenarios"
+suite_rc=0
+e2e_run_scenarios "$CARGO" "$TOTAL" "$WORKDIR/scenarios.log" || suite_rc=$?
+PASSED=$E2E_PASSED
+FAILED=$E2E_FAILED
+SKIPPED=$E2E_SKIPPED
+if ((suite_rc != 0 || FAILED != 0)); then
+  exit 1
+fi
