@@ -848,3 +848,56 @@ async fn s11_helm_chart_in_url_mode() -> anyhow::Result<()> {
     })
     .await
 }
+
+/// Opted-in pods the injector skips (hostNetwork, Windows) are stored untouched; locally the
+/// audit log shows they never reached it (the chart's matchConditions hold them back).
+#[tokio::test]
+async fn s12_skipped_pods_are_untouched() -> anyhow::Result<()> {
+    scenario("s12-skipped", &[], |cx| async move {
+        let pods = cx.pods();
+        let mut host_network = opted_in("host-network");
+        let mut windows = opted_in("windows");
+        if let Some(spec) = host_network.spec.as_mut() {
+            spec.host_network = Some(true);
+        }
+        if let Some(spec) = windows.spec.as_mut() {
+            spec.node_selector =
+                Some([("kubernetes.io/os".to_owned(), "windows".to_owned())].into());
+        }
+        for pod in [&host_network, &windows] {
+            let stored = accepts(&pods, pod).await?;
+            check_untouched(&stored)?;
+        }
+        if let Some(log) = &cx.env.audit_log {
+            for name in ["host-network", "windows"] {
+                let record = audit::pod_create(log, &cx.ns, name).await?;
+                ensure!(
+                    record.calls_of(&cx.env.webhook_config).next().is_none(),
+                    "pod {name}: the injector was called: {}",
+                    record.describe()
+                );
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// An opted-in pod asking for a template that does not exist is refused by the injector itself,
+/// with a message naming the known templates.
+#[tokio::test]
+async fn s13_unknown_template_is_refused_with_the_known_ones() -> anyhow::Result<()> {
+    scenario("s13-unknown-template", &[], |cx| async move {
+        let pod = annotated(opted_in("typo"), TEMPLATES_ANNOTATION, "proxy,log-shiper");
+        let message = rejects(&cx.pods(), &pod).await?;
+        ensure!(
+            message.contains(&format!("admission webhook \"{MUTATING_WEBHOOK}\" denied the request"))
+                && message.contains("\"log-shiper\"")
+                && message.contains("log-shipper")
+                && message.contains("proxy"),
+            "expected the injector's refusal naming the unknown and the known templates, got: {message}"
+        );
+        Ok(())
+    })
+    .await
+}
