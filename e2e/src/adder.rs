@@ -122,6 +122,7 @@ impl Adder {
 async fn serve(listener: TcpListener, acceptor: TlsAcceptor, container: Arc<str>) {
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
             continue;
         };
         let acceptor = acceptor.clone();

@@ -21,7 +21,7 @@ use sidecar_injector_e2e::webhooks::{
 };
 use sidecar_injector_e2e::{audit, eventually, metrics};
 
-/// The webhook configurations are registered with the fields the brief and the chart promise.
+/// The webhook configurations carry the fields the chart's README promises.
 #[tokio::test]
 async fn s00_webhooks_are_registered_as_documented() -> anyhow::Result<()> {
     scenario("s00-registration", &[], |cx| async move {
