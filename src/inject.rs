@@ -43,7 +43,7 @@ impl std::fmt::Display for SkipReason {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rendered {
     pub name: String,
-    pub fragment: Fragment,
+    pub fragment: std::sync::Arc<Fragment>,
 }
 
 /// What the injector decided for a pod.
@@ -294,7 +294,7 @@ fn fragment_hash(templates: &[Rendered]) -> String {
         hasher.update([0]);
         // Serializing derived structs cannot fail; an empty input would only weaken drift
         // detection, never break injection.
-        hasher.update(serde_json::to_vec(&t.fragment).unwrap_or_default());
+        hasher.update(serde_json::to_vec(&*t.fragment).unwrap_or_default());
         hasher.update([0]);
     }
     hasher

@@ -1,6 +1,7 @@
 //! Sidecar templates: minijinja sources rendered with a pod's context into a [`Fragment`].
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, LocalObjectReference, Volume, VolumeMount};
 use minijinja::{Environment, UndefinedBehavior, Value};
@@ -84,6 +85,33 @@ pub struct TemplateSet {
     env: Environment<'static>,
     names: BTreeSet<String>,
     values: Value,
+    cache: RenderCache,
+}
+
+/// Rendered fragments by template and pod context. Rendering is a pure function of the two,
+/// and every replica of a workload has the same context (its name is empty under
+/// `generateName`), so most reviews skip both the rendering and the YAML parsing.
+#[derive(Default)]
+struct RenderCache {
+    entries: std::sync::Mutex<std::collections::HashMap<(String, Vec<u8>), Arc<Fragment>>>,
+}
+
+/// Bound on cached renderings; the cache starts over when it is full.
+const CACHE_LIMIT: usize = 4096;
+
+impl RenderCache {
+    fn get(&self, key: &(String, Vec<u8>)) -> Option<Arc<Fragment>> {
+        self.entries.lock().ok()?.get(key).cloned()
+    }
+
+    fn put(&self, key: (String, Vec<u8>), fragment: Arc<Fragment>) {
+        if let Ok(mut entries) = self.entries.lock() {
+            if entries.len() >= CACHE_LIMIT {
+                entries.clear();
+            }
+            entries.insert(key, fragment);
+        }
+    }
 }
 
 impl std::fmt::Debug for TemplateSet {
@@ -149,6 +177,7 @@ impl TemplateSet {
             env,
             names,
             values: Value::from_serialize(values),
+            cache: RenderCache::default(),
         };
         set.check_samples()?;
         Ok(set)
@@ -211,7 +240,18 @@ impl TemplateSet {
     }
 
     /// Renders one template for a pod.
-    pub fn render(&self, name: &str, pod: &PodContext<'_>) -> Result<Fragment, TemplateError> {
+    pub fn render(&self, name: &str, pod: &PodContext<'_>) -> Result<Arc<Fragment>, TemplateError> {
+        // The context serialized is the cache key: equal bytes, equal rendering.
+        let key = (name.to_owned(), serde_json::to_vec(pod).unwrap_or_default());
+        if let Some(fragment) = self.cache.get(&key) {
+            return Ok(fragment);
+        }
+        let fragment = Arc::new(self.render_uncached(name, pod)?);
+        self.cache.put(key, fragment.clone());
+        Ok(fragment)
+    }
+
+    fn render_uncached(&self, name: &str, pod: &PodContext<'_>) -> Result<Fragment, TemplateError> {
         let file = file_name(name);
         let template = self
             .env
@@ -277,6 +317,34 @@ mod tests {
         )
         .expect_err("conflict");
         assert!(matches!(err, TemplateError::Conflict { .. }), "{err}");
+    }
+
+    #[test]
+    fn equal_contexts_share_one_rendering() {
+        let set = compile(
+            "containers:\n  - name: c\n    image: img:1\n    args: [\"{{ pod.namespace }}\"]\n",
+        )
+        .expect("compiles");
+        let labels = BTreeMap::new();
+        let pod = |namespace| PodContext {
+            name: "",
+            generate_name: "web-",
+            namespace,
+            labels: &labels,
+            annotations: &labels,
+            service_account: "default",
+        };
+        let first = set.render("t", &pod("a")).expect("renders");
+        let again = set.render("t", &pod("a")).expect("renders");
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "same context must hit the cache"
+        );
+        let other = set.render("t", &pod("b")).expect("renders");
+        assert_eq!(
+            other.containers[0].args.as_deref(),
+            Some(&["b".to_owned()][..])
+        );
     }
 
     #[test]
