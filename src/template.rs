@@ -93,18 +93,21 @@ pub struct TemplateSet {
 /// `generateName`), so most reviews skip both the rendering and the YAML parsing.
 #[derive(Default)]
 struct RenderCache {
-    entries: std::sync::Mutex<std::collections::HashMap<(String, Vec<u8>), Arc<Fragment>>>,
+    entries: std::sync::Mutex<std::collections::HashMap<CacheKey, Arc<Fragment>>>,
 }
+
+/// Template name and the serialized pod context.
+type CacheKey = (String, Vec<u8>);
 
 /// Bound on cached renderings; the cache starts over when it is full.
 const CACHE_LIMIT: usize = 4096;
 
 impl RenderCache {
-    fn get(&self, key: &(String, Vec<u8>)) -> Option<Arc<Fragment>> {
+    fn get(&self, key: &CacheKey) -> Option<Arc<Fragment>> {
         self.entries.lock().ok()?.get(key).cloned()
     }
 
-    fn put(&self, key: (String, Vec<u8>), fragment: Arc<Fragment>) {
+    fn put(&self, key: CacheKey, fragment: Arc<Fragment>) {
         if let Ok(mut entries) = self.entries.lock() {
             if entries.len() >= CACHE_LIMIT {
                 entries.clear();
