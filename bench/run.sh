@@ -19,5 +19,9 @@ cargo=${CARGO:-cargo}
 CRITERION_HOME="$out/criterion" timeout 300 \
   "$cargo" bench -p sidecar-injector --bench engine -- --noplot
 
+# Which code was measured: the commit, and whether src/ differed from it.
+revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+git diff --quiet HEAD -- src 2>/dev/null || revision="$revision+uncommitted-src"
+
 timeout 540 "$cargo" run --release -q -p sidecar-injector-bench --bin bench-run -- \
-  --out "$out" --criterion "$out/criterion" "$@"
+  --out "$out" --criterion "$out/criterion" --revision "$revision" "$@"

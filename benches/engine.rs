@@ -43,6 +43,26 @@ fn review_with_env(env: &[usize]) -> anyhow::Result<Vec<u8>> {
     Ok(serde_json::to_vec(&review)?)
 }
 
+/// The typical review for `count` different ReplicaSets (their `pod-template-hash` differs), so
+/// that no two bodies share a pod context: each review renders its templates afresh, as the first
+/// pod of a new rollout does, whatever the engine caches per context.
+fn distinct_reviews(count: usize) -> anyhow::Result<Vec<Vec<u8>>> {
+    let typical: Value = serde_json::from_str(REVIEW)?;
+    (0..count)
+        .map(|i| {
+            let mut review = typical.clone();
+            let hash = format!("{i:010x}");
+            let meta = &mut review["request"]["object"]["metadata"];
+            meta["labels"]["pod-template-hash"] = json!(hash);
+            meta["generateName"] = json!(format!("checkout-{hash}-"));
+            Ok(serde_json::to_vec(&review)?)
+        })
+        .collect()
+}
+
+/// More distinct pods than any cache of renderings here holds (4,096 entries).
+const DISTINCT: usize = 5_000;
+
 /// A named AdmissionReview body.
 type Case = (&'static str, Vec<u8>);
 
@@ -67,6 +87,31 @@ fn prepare() -> anyhow::Result<(Injector, Vec<Case>)> {
         );
     }
     Ok((injector, cases))
+}
+
+fn engine_distinct(c: &mut Criterion) {
+    let prepared = Injector::embedded(None)
+        .map_err(anyhow::Error::from)
+        .and_then(|injector| Ok((injector, distinct_reviews(DISTINCT)?)));
+    let (injector, bodies) = match prepared {
+        Ok(prepared) => prepared,
+        Err(error) => {
+            eprintln!("cannot prepare the engine benches: {error:#}");
+            std::process::exit(1);
+        }
+    };
+    let mut next = 0;
+    c.benchmark_group("mutate")
+        .bench_function("typical_distinct", |b| {
+            b.iter(|| {
+                next = (next + 1) % bodies.len();
+                review::answer(
+                    &injector,
+                    Webhook::Mutate,
+                    std::hint::black_box(&bodies[next]),
+                )
+            })
+        });
 }
 
 fn engine(c: &mut Criterion) {
@@ -94,6 +139,6 @@ criterion_group! {
         .measurement_time(Duration::from_secs(3))
         .sample_size(30)
         .without_plots();
-    targets = engine
+    targets = engine, engine_distinct
 }
 criterion_main!(benches);

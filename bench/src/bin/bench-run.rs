@@ -47,6 +47,9 @@ struct Args {
     /// Webhook starts timed for start-up to ready (the median is reported).
     #[arg(long, default_value_t = 5)]
     ready_starts: usize,
+    /// Which code is measured (bench/run.sh passes the commit), recorded in the summary.
+    #[arg(long, default_value = "unknown")]
+    revision: String,
     /// Stop everything and fail after this many seconds.
     #[arg(long, default_value_t = 480)]
     budget: u64,
@@ -78,6 +81,26 @@ impl Server {
         }
         Ok(())
     }
+}
+
+/// Open-loop latency of one protocol.
+struct Latency {
+    proto: Proto,
+    /// Half the ceiling's saturation rate.
+    rate: f64,
+    hook: LoadReport,
+    ceil: LoadReport,
+    /// Half the webhook's own saturation rate.
+    own_rate: f64,
+    own: LoadReport,
+}
+
+/// The one-minute load average: how busy the machine was besides us.
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 /// The HTTP row of a load run.
@@ -178,6 +201,7 @@ impl Bench {
         if let Some(rate) = rate {
             extra.extend(["--rate".into(), format!("{rate:.0}")]);
         }
+        let before = loadavg();
         let line = self.loadgen(server, port, &extra)?;
         let report: LoadReport =
             serde_json::from_str(&line).with_context(|| format!("loadgen printed {line:?}"))?;
@@ -194,6 +218,8 @@ impl Bench {
         );
         let mut value = serde_json::to_value(&report)?;
         value["server"] = server.into();
+        value["loadavg_before"] = before.into();
+        value["loadavg_after"] = loadavg().into();
         self.runs.push(value);
         Ok(report)
     }
@@ -298,14 +324,23 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    eprintln!("latency at half the ceiling rate (open loop):");
-    let mut latency: Vec<(Proto, f64, LoadReport, LoadReport)> = Vec::new();
+    eprintln!("latency at half the ceiling rate, and at half the webhook's own (open loop):");
+    let mut latency = Vec::new();
     for proto in [Proto::H1, Proto::H2] {
-        let rate = (best[0][proto as usize] / 2.0).floor().max(1.0);
+        let half = |rps: f64| (rps / 2.0).floor().max(1.0);
+        let (rate, own_rate) = (half(best[0][proto as usize]), half(best[1][proto as usize]));
         let hook = bench.load("webhook", webhook_port, proto, Some(rate))?;
         let ceil = bench.load("ceiling", ceiling_port, proto, Some(rate))?;
-        errors += hook.errors + ceil.errors;
-        latency.push((proto, rate, hook, ceil));
+        let own = bench.load("webhook", webhook_port, proto, Some(own_rate))?;
+        errors += hook.errors + ceil.errors + own.errors;
+        latency.push(Latency {
+            proto,
+            rate,
+            hook,
+            ceil,
+            own_rate,
+            own,
+        });
     }
 
     // 4: footprint. VmHWM is the peak resident set since the process started.
@@ -372,14 +407,14 @@ fn main() -> anyhow::Result<()> {
         ),
         goal(
             "p99 at half the ceiling rate, HTTP/1.1",
-            Some(h1.2.p99_ms),
+            Some(h1.hook.p99_ms),
             "<=",
             1.0,
             " ms",
         ),
         goal(
             "p99 at half the ceiling rate, HTTP/2",
-            Some(h2.2.p99_ms),
+            Some(h2.hook.p99_ms),
             "<=",
             1.0,
             " ms",
@@ -416,8 +451,21 @@ fn main() -> anyhow::Result<()> {
         machine["cpu"].as_str().unwrap_or("?"),
         machine["nproc"]
     );
+    println!("revision: {}", bench.args.revision);
     println!(
         "review: {review_bytes}-byte AdmissionReview (bench/review.json), POST /mutate over TLS"
+    );
+    let loads: Vec<f64> = bench
+        .runs
+        .iter()
+        .flat_map(|r| [&r["loadavg_before"], &r["loadavg_after"]])
+        .filter_map(Value::as_f64)
+        .collect();
+    let (low, high) = loads
+        .iter()
+        .fold((f64::INFINITY, 0.0_f64), |(l, h), x| (l.min(*x), h.max(*x)));
+    println!(
+        "1-minute load average during the load runs: {low:.2} to {high:.2} (the benchmark's own processes included)"
     );
     println!();
     println!(
@@ -444,11 +492,15 @@ fn main() -> anyhow::Result<()> {
         "| server | protocol | offered req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | not sent |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (proto, rate, hook, ceil) in &latency {
-        for (name, r) in [("webhook", hook), ("ceiling", ceil)] {
+    for l in &latency {
+        for (name, rate, r) in [
+            ("webhook", l.rate, &l.hook),
+            ("ceiling", l.rate, &l.ceil),
+            ("webhook, at half its own rate", l.own_rate, &l.own),
+        ] {
             println!(
                 "| {name} | {} | {rate:.0} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
-                proto.label(),
+                l.proto.label(),
                 r.rps,
                 r.p50_ms,
                 r.p90_ms,
@@ -517,19 +569,25 @@ fn main() -> anyhow::Result<()> {
         "webhook_rps": webhook_rps,
         "ceiling_rps": ceiling_rps,
         "rps_ratio": webhook_rps / ceiling_rps,
-        "offered_rps": h1.1,
-        "p50_ms": h1.2.p50_ms,
-        "p99_ms": h1.2.p99_ms,
-        "ceiling_p50_ms": h1.3.p50_ms,
-        "ceiling_p99_ms": h1.3.p99_ms,
+        "offered_rps": h1.rate,
+        "p50_ms": h1.hook.p50_ms,
+        "p99_ms": h1.hook.p99_ms,
+        "ceiling_p50_ms": h1.ceil.p50_ms,
+        "ceiling_p99_ms": h1.ceil.p99_ms,
+        "own_half_rps": h1.own_rate,
+        "own_half_p50_ms": h1.own.p50_ms,
+        "own_half_p99_ms": h1.own.p99_ms,
         "webhook_rps_h2": webhook_rps_h2,
         "ceiling_rps_h2": ceiling_rps_h2,
         "rps_ratio_h2": webhook_rps_h2 / ceiling_rps_h2,
-        "offered_rps_h2": h2.1,
-        "p50_ms_h2": h2.2.p50_ms,
-        "p99_ms_h2": h2.2.p99_ms,
-        "ceiling_p50_ms_h2": h2.3.p50_ms,
-        "ceiling_p99_ms_h2": h2.3.p99_ms,
+        "offered_rps_h2": h2.rate,
+        "p50_ms_h2": h2.hook.p50_ms,
+        "p99_ms_h2": h2.hook.p99_ms,
+        "ceiling_p50_ms_h2": h2.ceil.p50_ms,
+        "ceiling_p99_ms_h2": h2.ceil.p99_ms,
+        "own_half_rps_h2": h2.own_rate,
+        "own_half_p50_ms_h2": h2.own.p50_ms,
+        "own_half_p99_ms_h2": h2.own.p99_ms,
         "large_pod_ms": large_pod_ms,
         "scaling_ratio": scaling_ratio,
         "engine_us": engine.iter().map(|(n, ns)| (n.clone(), json!(ns / 1e3))).collect::<serde_json::Map<_, _>>(),
@@ -541,6 +599,7 @@ fn main() -> anyhow::Result<()> {
         "errors": errors,
         "goals": goals,
         "machine": machine,
+        "revision": bench.args.revision,
         "settings": {
             "review_bytes": review_bytes,
             "rounds": bench.args.rounds,
@@ -687,6 +746,7 @@ fn vm_hwm_kib(pid: u32) -> anyhow::Result<u64> {
 fn read_engine(dir: &Path) -> Vec<(String, f64)> {
     let names = [
         "typical",
+        "typical_distinct",
         "env_10",
         "env_100",
         "env_1000",

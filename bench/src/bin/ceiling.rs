@@ -78,6 +78,8 @@ fn main() -> anyhow::Result<()> {
         tokio::select! {
             () = serve(listener, acceptor, answer) => {}
             () = tokio::time::sleep(Duration::from_secs(args.exit_after)) => {}
+            // SIGINT ends it cleanly too (a profiler writes its counts at a clean exit).
+            _ = tokio::signal::ctrl_c() => {}
         }
         Ok(())
     })

@@ -18,6 +18,10 @@ struct Args {
     env: Option<usize>,
     #[arg(long, default_value_t = 1)]
     containers: usize,
+    /// Cycle through this many pods of different ReplicaSets (`pod-template-hash`), so that
+    /// reviews do not share a pod context.
+    #[arg(long, default_value_t = 1)]
+    distinct: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,18 +38,30 @@ fn main() -> anyhow::Result<()> {
                 .collect();
         }
     }
-    let body = serde_json::to_vec(&review)?;
+    let bodies = (0..args.distinct.max(1))
+        .map(|i| {
+            let mut review = review.clone();
+            if args.distinct > 1 {
+                let hash = format!("{i:010x}");
+                let meta = &mut review["request"]["object"]["metadata"];
+                meta["labels"]["pod-template-hash"] = json!(hash);
+                meta["generateName"] = json!(format!("checkout-{hash}-"));
+            }
+            serde_json::to_vec(&review)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let injector = Injector::embedded(None)?;
     let mut bytes = 0;
-    for _ in 0..args.iterations {
-        let answer = review::answer(&injector, Webhook::Mutate, std::hint::black_box(&body))?;
+    for i in 0..args.iterations as usize {
+        let body = &bodies[i % bodies.len()];
+        let answer = review::answer(&injector, Webhook::Mutate, std::hint::black_box(body))?;
         ensure!(answer.outcome == Outcome::Injected, "not injected");
         bytes += answer.body.len();
     }
     println!(
         "{} reviews of {} bytes, {bytes} bytes answered",
         args.iterations,
-        body.len()
+        bodies[0].len()
     );
     Ok(())
 }

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Instruction counts (valgrind callgrind) per review: the engine alone (engine-loop), and the
+# webhook and the transport ceiling each serving REQUESTS requests on 127.0.0.1. Instruction
+# counts repeat from run to run, unlike times on a shared machine, so they show what a change
+# did. Per-request numbers are (run with N) - (run with 0), divided by N.
+# Output: target/bench/profile/*.out (callgrind_annotate --inclusive=yes FILE) and a summary.
+# The first run builds with line tables into its own target directory (several minutes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out="$PWD/target/bench/profile"
+mkdir -p "$out"
+export CARGO_TARGET_DIR="${PROFILE_TARGET_DIR:-$PWD/target/bench/profile-target}"
+# Line tables let callgrind name inlined frames; the usual release builds stay as they are.
+CARGO_PROFILE_RELEASE_DEBUG=line-tables-only "${CARGO:-cargo}" build --release \
+  -p sidecar-injector -p sidecar-injector-bench --bins
+bin="$CARGO_TARGET_DIR/release"
+n=${REQUESTS:-200}
+iterations=${ITERATIONS:-40}
+
+total() { awk '/^(summary|totals):/ {print $2; exit}' "$1"; }
+per() { echo $(( ($(total "$2") - $(total "$1")) / $3 )); }
+callgrind() { local file=$1; shift; valgrind --tool=callgrind --callgrind-out-file="$file" "$@" 2>>"$out/valgrind.log"; }
+
+# The engine: one review (start-up included) against 1 + ITERATIONS reviews.
+for pod in typical typical-distinct 2x2000; do
+  case $pod in
+    typical) args=() ;;
+    # Every review a different pod context (a new ReplicaSet each time): no cached rendering.
+    typical-distinct) args=(--distinct $((iterations + 1))) ;;
+    2x2000) args=(--env 2000 --containers 2) ;;
+  esac
+  callgrind "$out/engine-$pod-1.out" "$bin/engine-loop" --iterations 1 "${args[@]}" >/dev/null
+  callgrind "$out/engine-$pod-n.out" "$bin/engine-loop" --iterations $((iterations + 1)) "${args[@]}" >/dev/null
+done
+
+# A server under callgrind, REQUESTS requests (or none), then SIGINT: both exit cleanly, so
+# callgrind writes its counts.
+serve() {
+  local kind=$1 requests=$2 port=$((20000 + RANDOM % 20000))
+  local file="$out/$kind-$requests.out" ca="$out/$kind-ca.pem"
+  rm -f "$ca"
+  if [ "$kind" = webhook ]; then
+    RUST_LOG= callgrind "$file" "$bin/sidecar-injector" serve --listen "127.0.0.1:$port" \
+      --admin-listen "127.0.0.1:$((port + 1))" --dev-ca-file "$ca" --log-format json &
+  else
+    callgrind "$file" "$bin/ceiling" --listen "127.0.0.1:$port" --dev-ca-file "$ca" --exit-after 600 &
+  fi
+  local pid=$!
+  for _ in $(seq 1 600); do
+    [ -s "$ca" ] && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
+    sleep 0.1
+  done
+  if [ "$requests" -gt 0 ]; then
+    "$bin/loadgen" --addr "127.0.0.1:$port" --ca "$ca" --http 1 --connections 2 \
+      --rate 20 --duration $((requests / 20)) --warmup 0 >/dev/null
+  fi
+  kill -INT "$pid"
+  wait "$pid" || true
+}
+for kind in webhook ceiling; do
+  serve "$kind" 0
+  serve "$kind" "$n"
+done
+
+echo "instructions per review (valgrind callgrind, Ir)"
+echo "  engine, typical pod:       $(per "$out/engine-typical-1.out" "$out/engine-typical-n.out" "$iterations")"
+echo "  engine, typical, distinct: $(per "$out/engine-typical-distinct-1.out" "$out/engine-typical-distinct-n.out" "$iterations")"
+echo "  engine, 2 x 2,000 env pod: $(per "$out/engine-2x2000-1.out" "$out/engine-2x2000-n.out" "$iterations")"
+echo "  webhook, whole process:    $(per "$out/webhook-0.out" "$out/webhook-$n.out" "$n")  (HTTP/1.1, 2 connections, $n requests)"
+echo "  ceiling, whole process:    $(per "$out/ceiling-0.out" "$out/ceiling-$n.out" "$n")"
+echo "profiles: $out/*.out (callgrind_annotate --inclusive=yes FILE | less)"
