@@ -39,11 +39,14 @@ serve() {
   local kind=$1 requests=$2 port=$((20000 + RANDOM % 20000))
   local file="$out/$kind-$requests.out" ca="$out/$kind-ca.pem"
   rm -f "$ca"
+  # valgrind itself in the background (not a function): $! must be its pid for the SIGINT.
   if [ "$kind" = webhook ]; then
-    RUST_LOG= callgrind "$file" "$bin/sidecar-injector" serve --listen "127.0.0.1:$port" \
-      --admin-listen "127.0.0.1:$((port + 1))" --dev-ca-file "$ca" --log-format json &
+    RUST_LOG='' valgrind --tool=callgrind --callgrind-out-file="$file" "$bin/sidecar-injector" serve \
+      --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" --dev-ca-file "$ca" \
+      --log-format json 2>>"$out/valgrind.log" &
   else
-    callgrind "$file" "$bin/ceiling" --listen "127.0.0.1:$port" --dev-ca-file "$ca" --exit-after 600 &
+    valgrind --tool=callgrind --callgrind-out-file="$file" "$bin/ceiling" --listen "127.0.0.1:$port" \
+      --dev-ca-file "$ca" --exit-after 600 2>>"$out/valgrind.log" &
   fi
   local pid=$!
   for _ in $(seq 1 600); do
@@ -55,6 +58,9 @@ serve() {
       --rate 20 --duration $((requests / 20)) --warmup 0 >/dev/null
   fi
   kill -INT "$pid"
+  # Bounded: a server that ignores SIGINT is stopped after 60 s (and its counts are lost).
+  for _ in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" || true
 }
 for kind in webhook ceiling; do
