@@ -292,10 +292,7 @@ fn fragment_hash(templates: &[Rendered]) -> String {
     for t in templates {
         hasher.update(t.name.as_bytes());
         hasher.update([0]);
-        // Serializing derived structs cannot fail; an empty input would only weaken drift
-        // detection, never break injection.
-        hasher.update(serde_json::to_vec(&*t.fragment).unwrap_or_default());
-        hasher.update([0]);
+        hasher.update(t.fragment.digest);
     }
     hasher
         .finalize()

@@ -3,6 +3,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use sha2::{Digest as _, Sha256};
+
 use k8s_openapi::api::core::v1::{Container, EnvVar, LocalObjectReference, Volume, VolumeMount};
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
@@ -36,6 +38,10 @@ pub struct Fragment {
     pub annotations: BTreeMap<String, String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// SHA-256 of the fragment's JSON, taken once when it is rendered (the status hash is
+    /// built from it on every review).
+    #[serde(skip)]
+    pub digest: [u8; 32],
 }
 
 impl Fragment {
@@ -268,13 +274,18 @@ impl TemplateSet {
             file: file.clone(),
             detail: describe(&e),
         })?;
-        if text.trim().is_empty() {
-            return Ok(Fragment::default());
-        }
-        serde_saphyr::from_str(&text).map_err(|e| TemplateError::Fragment {
-            file,
-            detail: e.to_string(),
-        })
+        let mut fragment: Fragment = if text.trim().is_empty() {
+            Fragment::default()
+        } else {
+            serde_saphyr::from_str(&text).map_err(|e| TemplateError::Fragment {
+                file,
+                detail: e.to_string(),
+            })?
+        };
+        // Serializing derived structs cannot fail; an empty input would only weaken drift
+        // detection, never break injection.
+        fragment.digest = Sha256::digest(serde_json::to_vec(&fragment).unwrap_or_default()).into();
+        Ok(fragment)
     }
 }
 
