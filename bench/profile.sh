@@ -57,9 +57,13 @@ serve() {
     "$bin/loadgen" --addr "127.0.0.1:$port" --ca "$ca" --http 1 --connections 2 \
       --rate 20 --duration $((requests / 20)) --warmup 0 >/dev/null
   fi
-  kill -INT "$pid"
-  # Bounded: a server that ignores SIGINT is stopped after 60 s (and its counts are lost).
-  for _ in $(seq 1 600); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  # SIGINT until it exits: a background job starts with SIGINT ignored until the server installs
+  # its handler, so a first signal can be lost. Bounded: after 60 s it is killed (counts lost).
+  for i in $(seq 1 600); do
+    kill -0 "$pid" 2>/dev/null || break
+    [ $((i % 10)) = 1 ] && kill -INT "$pid" 2>/dev/null
+    sleep 0.1
+  done
   kill -KILL "$pid" 2>/dev/null || true
   wait "$pid" || true
 }
