@@ -21,6 +21,14 @@ pub const BUNDLED_TEMPLATES: &[(&str, &str)] = &[
     ("proxy", include_str!("../templates/proxy.yaml.j2")),
 ];
 
+/// The bundled templates as owned (name, source) pairs, the form a configuration loads.
+pub fn bundled_templates() -> Vec<(String, String)> {
+    BUNDLED_TEMPLATES
+        .iter()
+        .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
+        .collect()
+}
+
 /// The file name suffix of a template in a templates directory.
 pub const TEMPLATE_SUFFIX: &str = ".yaml.j2";
 
@@ -173,14 +181,10 @@ impl Injector {
 
     /// The embedded default: bundled configuration and templates.
     pub fn embedded(own_namespace: Option<String>) -> Result<Self, ConfigError> {
-        let templates = BUNDLED_TEMPLATES
-            .iter()
-            .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
-            .collect();
         Self::from_sources(
             "<embedded config.yaml>",
             DEFAULT_CONFIG,
-            templates,
+            bundled_templates(),
             own_namespace,
         )
     }

@@ -34,7 +34,7 @@ impl Sources {
         let base = path.parent().unwrap_or(Path::new("."));
         let mut dirs = vec![base.to_path_buf()];
         let templates = match &parsed.templates_dir {
-            None => bundled(),
+            None => crate::config::bundled_templates(),
             Some(dir) => {
                 let dir = base.join(dir);
                 let templates = read_templates(&dir)?;
@@ -67,13 +67,6 @@ impl Sources {
     pub fn build(self, own_namespace: Option<String>) -> Result<Injector, ConfigError> {
         Injector::from_sources(&self.origin, &self.config, self.templates, own_namespace)
     }
-}
-
-fn bundled() -> Vec<(String, String)> {
-    crate::config::BUNDLED_TEMPLATES
-        .iter()
-        .map(|(n, s)| ((*n).to_owned(), (*s).to_owned()))
-        .collect()
 }
 
 /// Loads the configuration at `path`, or the embedded default when `None`.
