@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build pinned kube-apiserver, kube-controller-manager (and optionally kubectl)
-# plus etcd from the Go module proxy, through small wrapper modules, and cache
+# Build pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+# (and optionally kubectl) plus etcd from the Go module proxy, through small wrapper modules, and cache
 # the binaries by version outside the checkout.
 #
 # Usage: e2e/control-plane/build.sh [--with-kubectl]
@@ -44,7 +44,7 @@ MARKER="$BIN_DIR/.complete"
 binaries_present() {
   [[ -f "$MARKER" ]] || return 1
   local b
-  for b in etcd kube-apiserver kube-controller-manager; do
+  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet; do
     [[ -x "$BIN_DIR/$b" ]] || return 1
   done
   if [[ "$BUILD_KUBECTL" == 1 ]]; then [[ -x "$BIN_DIR/kubectl" ]] || return 1; fi
@@ -117,7 +117,8 @@ mkdir -p "$KW"
   for m in "${STAGING[@]}"; do echo "	$m => $m $STAGING_VERSION"; done
   echo ")"
 } >"$KW/go.mod"
-K8S_CMDS=(kube-apiserver kube-controller-manager)
+# kube-scheduler and kubelet run the e2e node (e2e/node/); same tag, same build flags.
+K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 if [[ "$BUILD_KUBECTL" == 1 ]]; then K8S_CMDS+=(kubectl); fi
 {
   echo "//go:build tools"
@@ -128,6 +129,8 @@ if [[ "$BUILD_KUBECTL" == 1 ]]; then K8S_CMDS+=(kubectl); fi
   echo "import ("
   echo "	_ \"k8s.io/kubernetes/cmd/kube-apiserver/app\""
   echo "	_ \"k8s.io/kubernetes/cmd/kube-controller-manager/app\""
+  echo "	_ \"k8s.io/kubernetes/cmd/kube-scheduler/app\""
+  echo "	_ \"k8s.io/kubernetes/cmd/kubelet/app\""
   echo "	_ \"k8s.io/kubectl/pkg/cmd\""
   echo ")"
 } >"$KW/tools.go"
