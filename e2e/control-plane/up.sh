@@ -7,6 +7,14 @@
 #   env CONTROL_PLANE_TIMEOUT   seconds to wait for readiness (default 180)
 #   env KEEP_ON_FAILURE=1       leave processes running when up.sh fails
 #   env KCM_CONTROLLERS         kube-controller-manager --controllers value
+#   env CONTROL_PLANE_NODE_IP   set by e2e/node/ (inside its network namespace): the apiserver
+#                               authorizes kubelets (Node,RBAC), dials kubelets with a client
+#                               certificate and webhook Services at their endpoints
+#                               (--enable-aggregator-routing), advertises this address; the
+#                               controller-manager runs its default controllers; a kubelet
+#                               client certificate is made (pki/kubelet.{crt,key})
+#   env CONTROL_PLANE_ADMISSION_PLUGINS  --enable-admission-plugins (default AlwaysPullImages
+#                               without a node, none with one: the node has no registry to pull from)
 #
 # Writes WORKDIR/kubeconfig, WORKDIR/env (source it), WORKDIR/audit.log,
 # WORKDIR/logs/*.log, WORKDIR/pki/*, WORKDIR/run/*.pid.
@@ -21,6 +29,14 @@ HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 WORKDIR=$(cp_abspath "$1")
 TIMEOUT="${CONTROL_PLANE_TIMEOUT:-180}"
 SERVICE_CIDR="10.0.0.0/24" # allocation range only: nothing here ever dials it
+NODE_IP="${CONTROL_PLANE_NODE_IP:-}"
+NODE_NAME="${CONTROL_PLANE_NODE_NAME:-e2e-node}"
+if [[ -n "$NODE_IP" ]]; then
+  ADMISSION_PLUGINS="${CONTROL_PLANE_ADMISSION_PLUGINS-}"
+  KCM_CONTROLLERS="${KCM_CONTROLLERS:-*}"
+else
+  ADMISSION_PLUGINS="${CONTROL_PLANE_ADMISSION_PLUGINS-AlwaysPullImages}"
+fi
 KCM_CONTROLLERS="${KCM_CONTROLLERS:-serviceaccount-controller,deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,root-ca-certificate-publisher-controller,job-controller,statefulset-controller,cronjob-controller}"
 
 for tool in openssl curl ss setsid base64 realpath; do
@@ -126,8 +142,14 @@ new_cert() { # name ca subject extendedKeyUsage [subjectAltName]
 new_ca ca "sidecar-injector-e2e-ca"
 new_ca client-ca "sidecar-injector-e2e-client-ca"
 new_cert apiserver ca "/CN=kube-apiserver" serverAuth \
-  "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  "IP:127.0.0.1,${NODE_IP:+IP:$NODE_IP,}DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
 new_cert admin client-ca "/O=system:masters/CN=e2e-admin" clientAuth
+if [[ -n "$NODE_IP" ]]; then
+  # The kubelet's identity (the Node authorizer knows it by this group and name), and the
+  # apiserver's client certificate for logs and exec (the kubelet trusts client-ca).
+  new_cert kubelet client-ca "/O=system:nodes/CN=system:node:$NODE_NAME" clientAuth
+  new_cert apiserver-kubelet-client client-ca "/O=system:masters/CN=kube-apiserver-kubelet-client" clientAuth
+fi
 ossl genrsa -out "$PKI/sa.key" 2048
 ossl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
 chmod 600 "$PKI"/*.key
@@ -232,25 +254,41 @@ start etcd "$BIN_DIR/etcd" \
   --log-level=warn
 wait_for "etcd $ETCD_URL/health" "${CURL[@]}" "$ETCD_URL/health"
 
+APISERVER_NODE_FLAGS=()
+AUTHZ=RBAC
+if [[ -n "$NODE_IP" ]]; then
+  AUTHZ=Node,RBAC
+  APISERVER_NODE_FLAGS=(
+    --advertise-address="$NODE_IP"
+    --enable-aggregator-routing=true
+    --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt"
+    --kubelet-client-key="$PKI/apiserver-kubelet-client.key"
+    --kubelet-preferred-address-types=InternalIP
+  )
+else
+  APISERVER_NODE_FLAGS=(--advertise-address=127.0.0.1)
+fi
+if [[ -n "$ADMISSION_PLUGINS" ]]; then
+  APISERVER_NODE_FLAGS+=(--enable-admission-plugins="$ADMISSION_PLUGINS")
+fi
 # Default admission plugins stay on (MutatingAdmissionWebhook, ValidatingAdmissionWebhook,
 # ...); --enable-admission-plugins only adds. Never pass an empty --admission-control.
 start kube-apiserver "$BIN_DIR/kube-apiserver" \
   --etcd-servers="$ETCD_URL" \
   --bind-address=127.0.0.1 \
-  --advertise-address=127.0.0.1 \
+  "${APISERVER_NODE_FLAGS[@]}" \
   --secure-port="$APISERVER_PORT" \
   --cert-dir="$PKI" \
   --tls-cert-file="$PKI/apiserver.crt" \
   --tls-private-key-file="$PKI/apiserver.key" \
   --client-ca-file="$PKI/client-ca.crt" \
-  --authorization-mode=RBAC \
+  --authorization-mode="$AUTHZ" \
   --service-account-issuer="$APISERVER_URL" \
   --service-account-key-file="$PKI/sa.pub" \
   --service-account-signing-key-file="$PKI/sa.key" \
   --service-cluster-ip-range="$SERVICE_CIDR" \
   --endpoint-reconciler-type=none \
   --allow-privileged=true \
-  --enable-admission-plugins=AlwaysPullImages \
   --audit-policy-file="$WORKDIR/audit-policy.yaml" \
   --audit-log-path="$WORKDIR/audit.log" \
   --audit-log-maxbackup=1 \
@@ -296,6 +334,8 @@ export ETCD_PID_FILE='$WORKDIR/run/etcd.pid'
 export APISERVER_PID_FILE='$WORKDIR/run/kube-apiserver.pid'
 export KCM_PID_FILE='$WORKDIR/run/kube-controller-manager.pid'
 export CONTROL_PLANE_LOGS='$LOGS'
+export CLIENT_CA_CERT='$PKI/client-ca.crt'
+export ADMISSION_PLUGINS='$ADMISSION_PLUGINS'
 EOF
 cp_log "control plane up: $APISERVER_URL (source $WORKDIR/env; stop with $HERE/down.sh $WORKDIR)"
 echo "$WORKDIR/env"
