@@ -1,0 +1,28 @@
+#!/bin/sh
+# Stands in for fluent-bit on the e2e node (busybox, no registry here). It reads the bundled
+# log-shipper template's arguments (-p path=GLOB -p tag=TAG), waits for a file matching GLOB,
+# and writes every line of it to its stdout as "[TAG] line": what the application wrote to the
+# shared volume is what this container's log shows.
+path=
+tag=
+while [ $# -gt 0 ]; do
+  if [ "$1" = -p ] && [ $# -gt 1 ]; then
+    case "$2" in
+      path=*) path=${2#path=} ;;
+      tag=*) tag=${2#tag=} ;;
+    esac
+    shift
+  fi
+  shift
+done
+[ -n "$path" ] || { echo "log-shipper: no -p path=GLOB argument" >&2; exit 2; }
+echo "log-shipper: tailing $path as [$tag]"
+while :; do
+  # shellcheck disable=SC2086 # the glob is meant to expand
+  set -- $path
+  [ -e "$1" ] && break
+  sleep 0.2
+done
+tail -n +1 -F "$@" 2>/dev/null | while IFS= read -r line; do
+  echo "[$tag] $line"
+done
