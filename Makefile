@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: run test test-unit test-chart test-e2e control-plane lint bench build release help
+.PHONY: run test test-unit test-chart test-e2e test-e2e-node control-plane lint bench build release help
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -27,14 +27,17 @@ test-unit: ## Unit, golden, property, CLI and server tests.
 test-chart: ## helm lint, chart snapshots and webhook-field checks, hadolint.
 	bash charts/test.sh
 
-control-plane: ## Build (or reuse) kube-apiserver, kube-controller-manager and etcd, cached outside the checkout.
+control-plane: ## Build (or reuse) kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd, cached outside the checkout.
 	bash e2e/control-plane/build.sh
 
 test-e2e: ## The scenarios against a real kube-apiserver + etcd on 127.0.0.1.
 	bash e2e/run.sh
 
+test-e2e-node: ## The scenarios on a real node: a whole cluster in its own network namespace (root).
+	bash e2e/node/run.sh
+
 # The control plane is built before the chart tests, which also install the chart into it.
-test: lint test-unit control-plane test-chart test-e2e ## Everything CI runs.
+test: lint test-unit control-plane test-chart test-e2e test-e2e-node ## Everything CI runs.
 
 bench: ## Benchmarks (release; loopback only; about 10 minutes).
 	bash bench/run.sh

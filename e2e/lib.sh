@@ -20,19 +20,20 @@ e2e_count_scenarios() { # cargo
 
 # Runs the scenarios one at a time (some change the shared webhook configurations), with their
 # output shown as they run and kept in LOG. Sets E2E_PASSED, E2E_FAILED and E2E_SKIPPED from
-# cargo's summary line. A scenario that skips itself prints "SKIPPED name: reason" (after the
-# harness's "test name ... ") and counts as skipped, not passed. Without a summary line, every
+# cargo's summary lines (one per test target, summed; --no-fail-fast runs every target). A
+# scenario that skips itself prints "SKIPPED name: reason" (after the harness's "test name ... ") and counts as skipped, not passed. Without a summary line, every
 # scenario counts as failed. Returns cargo's exit code.
+# E2E_SUITE may name several test targets (e2e/node/run.sh runs scenarios and node).
 # The suite runs in its own session in the background, so a signal to the caller is acted on at
 # once: the caller's exit trap calls e2e_stop_scenarios, which ends cargo and the test binary.
 E2E_SUITE_PID=""
 e2e_run_scenarios() { # cargo total log
-  local cargo=$1 total=$2 log=$3 rc=0 summary tail_pid filter=()
+  local cargo=$1 total=$2 log=$3 rc=0 tail_pid filter=()
   if [[ -n "${E2E_TEST_FILTER:-}" ]]; then filter=("$E2E_TEST_FILTER"); fi
   : >"$log"
   # A failed scenario's error is its message and context; a backtrace of the harness adds nothing.
   RUST_LIB_BACKTRACE="${RUST_LIB_BACKTRACE:-0}" setsid -w \
-    "$cargo" "${E2E_SUITE[@]}" -- --test-threads=1 --nocapture "${filter[@]}" \
+    "$cargo" "${E2E_SUITE[@]}" --no-fail-fast -- --test-threads=1 --nocapture "${filter[@]}" \
     >"$log" 2>&1 </dev/null &
   E2E_SUITE_PID=$!
   tail --pid="$E2E_SUITE_PID" -n +1 -f "$log" &
@@ -42,11 +43,16 @@ e2e_run_scenarios() { # cargo total log
   wait "$tail_pid" || true
   E2E_PASSED=0
   E2E_FAILED=0
-  summary=$(grep -E '^test result: ' "$log" | tail -n1 || true)
-  if [[ "$summary" =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
-    E2E_PASSED=${BASH_REMATCH[1]}
-    E2E_FAILED=${BASH_REMATCH[2]}
-  else
+  # One summary line per test target (the node run has two): the counts are their sums.
+  local summaries=0 line
+  while IFS= read -r line; do
+    if [[ "$line" =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
+      E2E_PASSED=$((E2E_PASSED + BASH_REMATCH[1]))
+      E2E_FAILED=$((E2E_FAILED + BASH_REMATCH[2]))
+      summaries=$((summaries + 1))
+    fi
+  done < <(grep -E '^test result: ' "$log" || true)
+  if ((summaries == 0)); then
     E2E_FAILED=$total
   fi
   E2E_SKIPPED=$(grep -cE '(^| )SKIPPED [a-z0-9-]+: ' "$log" || true)

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# The e2e suite on a real node (`make test-e2e-node`): a whole cluster inside a network and
+# mount namespace this script creates (unshare -n -m), so pod and node addresses exist only
+# there and no packet leaves the machine.
+#
+# Outside the namespace:
+#  1. e2e/node/install.sh (containerd, runc, CNI plugins, busybox-static from Debian),
+#     tools/install.sh (helm, kubectl), e2e/control-plane/build.sh (now with kubelet and
+#     kube-scheduler), the release binary, the debug binary and the suite;
+#  2. images.sh: OCI image tars of busybox, pause, the proxy and log-shipper stand-ins, and the
+#     injector in the Dockerfile's layout.
+# Inside (this script again, under unshare):
+#  3. control plane (up.sh with CONTROL_PLANE_NODE_IP) + node (node.sh: containerd, kubelet,
+#     scheduler), node Ready;
+#  4. the injector installed by `helm install` of the chart in service mode: 2 replicas, PDB,
+#     certificates.mode=existingSecret (a Secret made here, signed by the cluster's CA), the
+#     templates' images pointed at the local stand-ins; rollout finished and a dry-run injected;
+#  5. a second injector process on the namespace's 127.0.0.1 (for the url-mode chart scenario);
+#  6. the scenarios: every admission scenario (tests/scenarios.rs) against the in-cluster
+#     deployment, then the node scenarios (tests/node.rs);
+#  7. teardown (exit trap): node.sh down, control plane down; outside, a check that nothing of
+#     the run is left.
+# Ends with "N passed, M failed"; WORKDIR is kept after a failure.
+#   env KEEP_WORKDIR=1  keep WORKDIR after a pass too
+#   env E2E_TEST_FILTER run only scenarios whose name contains this
+set -euo pipefail
+
+HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+E2E=$(cd -- "$HERE/.." && pwd)
+REPO=$(cd -- "$E2E/.." && pwd)
+# shellcheck source=../lib.sh source-path=SCRIPTDIR
+. "$E2E/lib.sh"
+CARGO=${CARGO:-cargo}
+RELEASE=sidecar-injector
+RELEASE_NAMESPACE=sidecar-injector
+log() { e2e_log "node: $*"; }
+die() { log "ERROR: $*"; exit 1; }
+cd "$REPO"
+
+# ======================================================================== outside
+if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
+  START=$SECONDS
+  ((EUID == 0)) || die "the node needs root (containerd, runc, network namespaces)"
+  for tool in unshare openssl curl python3 setsid; do
+    command -v "$tool" >/dev/null || die "$tool is required"
+  done
+  bash "$HERE/install.sh"
+  bash "$REPO/tools/install.sh"
+  log "control plane and node binaries: e2e/control-plane/build.sh"
+  BIN_DIR=$("$E2E/control-plane/build.sh" | tail -n1)
+  log "building the release binary (for the image), the debug binary and the suite"
+  "$CARGO" build --release --bin sidecar-injector
+  "$CARGO" build --bin sidecar-injector
+  TARGET_DIR=$("$CARGO" metadata --format-version 1 --no-deps |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+  E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test node)
+  TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
+  WORKDIR=$(mktemp -d -t sidecar-injector-node.XXXXXX)
+  log "WORKDIR $WORKDIR"
+  IMAGES="$WORKDIR/images"
+  bash "$HERE/images.sh" "$IMAGES" "$TARGET_DIR/release/sidecar-injector" >"$WORKDIR/images.txt"
+  rc=0
+  E2E_NODE_INSIDE=1 WORKDIR="$WORKDIR" BIN_DIR="$BIN_DIR" TARGET_DIR="$TARGET_DIR" TOTAL="$TOTAL" \
+    unshare --net --mount --propagation private -- bash "$HERE/run.sh" || rc=$?
+  # The namespace is gone once its last process is; anything naming WORKDIR still alive is a leak.
+  if pgrep -f -- "$WORKDIR/" >/dev/null; then
+    log "ERROR: processes left behind:"
+    pgrep -af -- "$WORKDIR/" >&2 || true
+    pkill -KILL -f -- "$WORKDIR/" || true
+    rc=1
+  fi
+  if ((rc == 0)) && [[ "${KEEP_WORKDIR:-0}" != 1 ]]; then
+    rm -rf "$WORKDIR"
+  else
+    log "WORKDIR kept: $WORKDIR (logs/, audit.log)"
+  fi
+  log "took $((SECONDS - START))s"
+  exit "$rc"
+fi
+
+# ======================================================================== inside
+: "${WORKDIR:?}" "${BIN_DIR:?}" "${TARGET_DIR:?}" "${TOTAL:?}"
+E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test node)
+PASSED=0
+FAILED=0
+REPORTED=0
+report() {
+  ((REPORTED)) && return 0
+  REPORTED=1
+  echo "$PASSED passed, $FAILED failed"
+}
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  e2e_stop_scenarios
+  E2E_WORKDIR="$WORKDIR" "$E2E/injector.sh" stop || rc=1
+  bash "$HERE/node.sh" down "$WORKDIR" || rc=1
+  "$E2E/control-plane/down.sh" "$WORKDIR" >/dev/null || rc=1
+  if ((rc != 0 && FAILED == 0)); then
+    FAILED=$((TOTAL > PASSED ? TOTAL - PASSED : 1))
+  fi
+  report
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+bash "$HERE/node.sh" setup "$WORKDIR"
+CONTROL_PLANE_NODE_IP=192.168.77.2 CONTROL_PLANE_BIN_DIR="$BIN_DIR" \
+  "$E2E/control-plane/up.sh" "$WORKDIR" >/dev/null
+# shellcheck source=/dev/null
+. "$WORKDIR/env"
+ADMIN_CURL=(curl --silent --show-error --fail --noproxy '*' --max-time 10
+  --cacert "$CA_CERT" --cert "$ADMIN_CERT" --key "$ADMIN_KEY")
+VERSION=$("${ADMIN_CURL[@]}" "$APISERVER_URL/version" |
+  sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
+echo "kube-apiserver $VERSION"
+CONTROL_PLANE_BIN_DIR="$BIN_DIR" bash "$HERE/node.sh" up "$WORKDIR" "$WORKDIR/images"
+# shellcheck source=/dev/null
+. "$WORKDIR/env"
+# shellcheck source=../../tools/env.sh source-path=SCRIPTDIR
+. "$REPO/tools/env.sh"
+KUBECTL=(kubectl --kubeconfig "$KUBECONFIG")
+
+# ---------------------------------------------------------------- the injector, by its chart
+PKI="$WORKDIR/pki"
+SERVICE_DNS="$RELEASE.$RELEASE_NAMESPACE.svc"
+serving_cert() { # name SANs
+  openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/$1.key" -out "$PKI/$1.csr" \
+    -subj "/CN=$1" >>"$WORKDIR/logs/openssl.log" 2>&1
+  printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+    "keyUsage=critical,digitalSignature,keyEncipherment" \
+    "extendedKeyUsage=serverAuth" "subjectAltName=$2" >"$PKI/$1.ext"
+  openssl x509 -req -in "$PKI/$1.csr" -CA "$CA_CERT" -CAkey "$CA_KEY" -CAcreateserial \
+    -days 2 -sha256 -extfile "$PKI/$1.ext" -out "$PKI/$1.crt" >>"$WORKDIR/logs/openssl.log" 2>&1
+}
+serving_cert in-cluster "DNS:$SERVICE_DNS,DNS:$RELEASE.$RELEASE_NAMESPACE.svc.cluster.local"
+"${KUBECTL[@]}" create namespace "$RELEASE_NAMESPACE" >/dev/null
+"${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" create secret tls "$RELEASE-tls" \
+  --cert "$PKI/in-cluster.crt" --key "$PKI/in-cluster.key" >/dev/null
+log "helm install $RELEASE (service mode, image docker.io/local/sidecar-injector:e2e)"
+helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
+  --kubeconfig "$KUBECONFIG" --namespace "$RELEASE_NAMESPACE" \
+  --values "$HERE/values.yaml" \
+  --set certificates.existingSecret.name="$RELEASE-tls" \
+  --set-file certificates.existingSecret.caBundle="$CA_CERT" \
+  --wait --timeout 120s >"$WORKDIR/logs/helm-install.log" 2> >(grep -v 'symbolic link in path' >&2) ||
+  die "helm install failed (see $WORKDIR/logs/helm-install.log)"
+"${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
+injected_on_dry_run() {
+  local out
+  out=$("${ADMIN_CURL[@]}" -X POST -H 'Content-Type: application/json' --data "$E2E_PROBE_POD" \
+    "$APISERVER_URL/api/v1/namespaces/default/pods?dryRun=All" 2>/dev/null) || return 1
+  [[ "$out" == *'sidecar-injector.io/status'* ]]
+}
+t0=$SECONDS
+until injected_on_dry_run; do
+  ((SECONDS - t0 < 60)) || die "no injection in a server-side dry-run after 60s"
+  sleep 0.5
+done
+log "in-cluster webhooks effective after ~$((SECONDS - t0))s"
+
+# ---------------------------------------------------------------- a loopback injector (url mode)
+free_port() { echo $((20000 + RANDOM % 30000)); }
+PORT=$(free_port)
+ADMIN_PORT=$((PORT + 1))
+serving_cert injector "IP:127.0.0.1"
+export E2E_WORKDIR="$WORKDIR"
+export E2E_INJECTOR_BIN="$TARGET_DIR/debug/sidecar-injector"
+export E2E_INJECTOR_PORT="$PORT"
+export E2E_INJECTOR_ADMIN_PORT="$ADMIN_PORT"
+export E2E_INJECTOR_CERT="$PKI/injector.crt"
+export E2E_INJECTOR_KEY="$PKI/injector.key"
+export SIDECAR_INJECTOR_NAMESPACE="$RELEASE_NAMESPACE"
+# The embedded configuration with the stand-in images, as values.yaml gives the chart: a pod
+# this server injects must not make the node try to pull the real images.
+sed -e 's#^\(  *image:\) cr\.fluentbit\.io/.*#\1 local/log-shipper:1#' \
+  -e 's#^\(  *image:\) docker\.io/envoyproxy/.*#\1 local/proxy:1#' \
+  "$REPO/templates/config.yaml" >"$WORKDIR/injector-config.yaml"
+[[ $(grep -c 'image: local/' "$WORKDIR/injector-config.yaml") == 2 ]] ||
+  die "templates/config.yaml no longer names the two images this script replaces"
+export SIDECAR_INJECTOR_CONFIG="$WORKDIR/injector-config.yaml"
+"$E2E/injector.sh" start
+
+# ---------------------------------------------------------------- scenarios
+export E2E_MODE=node
+export E2E_INJECTOR_CTL="$HERE/injector-ctl.sh"
+export E2E_WEBHOOK_URL="https://127.0.0.1:$PORT"
+export E2E_CHART="$REPO/charts/sidecar-injector"
+export E2E_RELEASE_NAMESPACE="$RELEASE_NAMESPACE"
+export E2E_WEBHOOK_CONFIG="$RELEASE"
+export E2E_NODE_NAME="$NODE_NAME"
+export E2E_CA_KEY="$CA_KEY"
+export E2E_SERVICE_DNS="$SERVICE_DNS"
+export E2E_APP_IMAGE=local/pause:1
+export KUBECONFIG AUDIT_LOG CA_CERT ADMISSION_PLUGINS
+log "running $TOTAL scenarios"
+suite_rc=0
+e2e_run_scenarios "$CARGO" "$TOTAL" "$WORKDIR/logs/scenarios.log" || suite_rc=$?
+PASSED=$E2E_PASSED
+FAILED=$E2E_FAILED
+if ((E2E_SKIPPED > 0)); then
+  log "ERROR: $E2E_SKIPPED scenarios skipped themselves (nothing may be skipped on the node)"
+  FAILED=$((FAILED + E2E_SKIPPED))
+fi
+if ((suite_rc != 0 || FAILED != 0)); then
+  exit 1
+fi
