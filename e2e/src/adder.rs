@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::pods::{APP_IMAGE, INJECT_LABEL, from_json};
+use crate::pods::{INJECT_LABEL, app_image, from_json};
 
 /// A running adder webhook; stops serving when dropped.
 pub struct Adder {
@@ -173,7 +173,7 @@ fn review(body: &[u8], container: &str) -> anyhow::Result<Value> {
         let patch = json!([{
             "op": "add",
             "path": "/spec/containers/-",
-            "value": {"name": container, "image": APP_IMAGE}
+            "value": {"name": container, "image": app_image()}
         }]);
         response["patchType"] = json!("JSONPatch");
         response["patch"] =

@@ -84,6 +84,9 @@ struct ObjectRef {
     namespace: String,
     #[serde(default)]
     name: String,
+    /// `binding` when the scheduler binds the pod to a node (also a create of "pods").
+    #[serde(default)]
+    subresource: String,
 }
 
 #[derive(Deserialize)]
@@ -127,6 +130,7 @@ pub fn find_create(log: &str, ns: &str, name: &str) -> Option<Record> {
         if event.stage != "ResponseComplete"
             || event.verb != "create"
             || object.resource != "pods"
+            || !object.subresource.is_empty()
             || object.namespace != ns
             || object_name != name
             || event.request_uri.contains("dryRun")
@@ -190,7 +194,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_rounds_and_skips_dry_runs() {
+    fn reads_rounds_and_skips_dry_runs_and_bindings() {
         let ours = r#"{\"configuration\":\"sidecar-injector\",\"webhook\":\"inject.sidecar-injector.io\",\"mutated\":true}"#;
         let again = r#"{\"configuration\":\"sidecar-injector\",\"webhook\":\"inject.sidecar-injector.io\",\"mutated\":false}"#;
         let log = format!(
@@ -198,6 +202,9 @@ mod tests {
                 r#"{{"stage":"ResponseComplete","verb":"create","requestURI":"/api/v1/namespaces/n/pods?dryRun=All","objectRef":{{"resource":"pods","namespace":"n","name":"p"}},"annotations":{{}}}}"#,
                 "\n",
                 r#"{{"stage":"ResponseComplete","verb":"create","requestURI":"/api/v1/namespaces/n/pods","objectRef":{{"resource":"pods","namespace":"n","name":"p"}},"responseStatus":{{"code":201}},"annotations":{{"mutation.webhook.admission.k8s.io/round_1_index_0":"{}","mutation.webhook.admission.k8s.io/round_0_index_0":"{}"}}}}"#,
+                "\n",
+                // The scheduler's binding, after the create, on a node.
+                r#"{{"stage":"ResponseComplete","verb":"create","requestURI":"/api/v1/namespaces/n/pods/p/binding","objectRef":{{"resource":"pods","namespace":"n","name":"p","subresource":"binding"}},"responseStatus":{{"code":201}},"annotations":{{}}}}"#,
                 "\n"
             ),
             again, ours

@@ -9,6 +9,11 @@ pub enum Mode {
     Local,
     /// `e2e/kind/run.sh`: the chart's in-cluster Deployment; no audit log, no process control.
     Kind,
+    /// `e2e/node/run.sh`: a whole cluster with a real node in a network namespace; the chart's
+    /// in-cluster Deployment serves the webhooks, the suite runs inside the namespace (so its
+    /// own webhooks on 127.0.0.1 are reachable), stopping the server scales the Deployment to 0,
+    /// and a second server process on 127.0.0.1 serves the url-mode chart scenario.
+    Node,
 }
 
 /// Something a scenario needs beyond a cluster with the webhooks registered.
@@ -22,6 +27,13 @@ pub enum Need {
     LoopbackWebhooks,
     /// The server's URL on 127.0.0.1 and its CA, to install the chart in url mode.
     ServerUrl,
+    /// A node that runs pods (kubelet, container runtime), and the chart's in-cluster Deployment.
+    Node,
+    /// Pod addresses the suite can dial (the suite runs in the node's network namespace).
+    PodNetwork,
+    /// The key of the CA that signed the in-cluster serving certificate (`E2E_CA_KEY`), to make
+    /// a new one for rotation.
+    CaKey,
 }
 
 /// The environment of one run.
@@ -44,6 +56,14 @@ pub struct Env {
     pub injector_namespace: String,
     /// `E2E_WEBHOOK_CONFIG`: name of the Mutating- and ValidatingWebhookConfiguration.
     pub webhook_config: String,
+    /// `E2E_CA_KEY`: the CA key of the in-cluster serving certificate (node mode).
+    pub ca_key: Option<PathBuf>,
+    /// `E2E_SERVICE_DNS`: the name the apiserver verifies the in-cluster server as
+    /// (`<release>.<namespace>.svc`).
+    pub service_dns: Option<String>,
+    /// `ADMISSION_PLUGINS` names AlwaysPullImages: the apiserver rewrites every container's
+    /// `imagePullPolicy` after the webhooks (local mode; a node without a registry cannot have it).
+    pub always_pull_images: bool,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -55,7 +75,8 @@ impl Env {
         let mode = match var("E2E_MODE").as_deref() {
             None | Some("local") => Mode::Local,
             Some("kind") => Mode::Kind,
-            Some(other) => anyhow::bail!("E2E_MODE must be local or kind, got {other:?}"),
+            Some("node") => Mode::Node,
+            Some(other) => anyhow::bail!("E2E_MODE must be local, kind or node, got {other:?}"),
         };
         anyhow::ensure!(
             var("KUBECONFIG").is_some(),
@@ -75,6 +96,10 @@ impl Env {
             injector_namespace: var("E2E_RELEASE_NAMESPACE")
                 .unwrap_or_else(|| "sidecar-injector".into()),
             webhook_config: var("E2E_WEBHOOK_CONFIG").unwrap_or_else(|| "sidecar-injector".into()),
+            ca_key: var("E2E_CA_KEY").map(PathBuf::from),
+            service_dns: var("E2E_SERVICE_DNS"),
+            always_pull_images: var("ADMISSION_PLUGINS")
+                .is_some_and(|p| p.split(',').any(|p| p == "AlwaysPullImages")),
         })
     }
 
@@ -92,21 +117,41 @@ impl Env {
                     "the server runs as a Deployment in kind; stopping the process is a local-mode check",
                 ),
                 Need::LoopbackWebhooks => (
-                    self.mode == Mode::Local,
+                    self.mode != Mode::Kind,
                     "kind's apiserver runs in a container and cannot call a webhook on the test machine's 127.0.0.1",
                 ),
                 Need::ServerUrl => (
                     self.webhook_url.is_some() && self.ca_cert.is_some(),
                     "installing the chart in url mode needs a server on 127.0.0.1 that the apiserver can reach",
                 ),
+                Need::Node => (
+                    self.mode != Mode::Local,
+                    "the local control plane has no kubelet: pods never run (e2e/node/run.sh has one)",
+                ),
+                Need::PodNetwork => (
+                    self.mode == Mode::Node,
+                    "pod addresses are only reachable from inside the node's network namespace (e2e/node/run.sh)",
+                ),
+                Need::CaKey => (
+                    self.ca_key.is_some() && self.ca_cert.is_some() && self.service_dns.is_some(),
+                    "rotating the in-cluster certificate needs the CA that signed it (E2E_CA_KEY, CA_CERT, E2E_SERVICE_DNS)",
+                ),
             };
+            // Pods never run without a node: in local mode that is a reason, not a runner error.
+            if !present
+                && self.mode == Mode::Local
+                && matches!(need, Need::Node | Need::PodNetwork | Need::CaKey)
+            {
+                return Ok(Some(kind_reason.into()));
+            }
             if present {
                 continue;
             }
             match self.mode {
                 Mode::Kind => return Ok(Some(kind_reason.into())),
-                Mode::Local => anyhow::bail!(
-                    "local mode but {need:?} is not available: set AUDIT_LOG, E2E_INJECTOR_CTL, E2E_WEBHOOK_URL and CA_CERT (e2e/run.sh does)"
+                Mode::Local | Mode::Node => anyhow::bail!(
+                    "{:?} mode but {need:?} is not available: set AUDIT_LOG, E2E_INJECTOR_CTL, E2E_WEBHOOK_URL and CA_CERT (e2e/run.sh and e2e/node/run.sh do)",
+                    self.mode
                 ),
             }
         }

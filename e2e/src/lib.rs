@@ -18,6 +18,7 @@ pub mod audit;
 pub mod cluster;
 pub mod env;
 pub mod metrics;
+pub mod node;
 pub mod pods;
 pub mod webhooks;
 

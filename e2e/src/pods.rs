@@ -13,8 +13,14 @@ use serde_json::json;
 pub const INJECT_LABEL: &str = "sidecar-injector.io/inject";
 pub const TEMPLATES_ANNOTATION: &str = "sidecar-injector.io/templates";
 pub const STATUS_ANNOTATION: &str = "sidecar-injector.io/status";
-/// The image of every container the suite writes itself; no kubelet pulls it locally.
-pub const APP_IMAGE: &str = "registry.k8s.io/pause:3.10";
+/// The image of every container the suite writes itself: `E2E_APP_IMAGE`, or the pause image
+/// (without a node nothing pulls it; e2e/node/run.sh names an image imported into its node).
+pub fn app_image() -> String {
+    std::env::var("E2E_APP_IMAGE")
+        .ok()
+        .filter(|i| !i.is_empty())
+        .unwrap_or_else(|| "registry.k8s.io/pause:3.10".into())
+}
 pub const PROXY: &str = "proxy";
 pub const LOG_SHIPPER: &str = "log-shipper";
 pub const LOGS_VOLUME: &str = "sidecar-logs";
@@ -27,7 +33,7 @@ pub const SIDECARS: &[&str] = &[PROXY, LOG_SHIPPER];
 pub fn app_pod(name: &str) -> Pod {
     let container = |name: &str| Container {
         name: name.into(),
-        image: Some(APP_IMAGE.into()),
+        image: Some(app_image()),
         ..Default::default()
     };
     Pod {

@@ -1,0 +1,214 @@
+//! What only a real node shows (`e2e/node/run.sh`, `tests/node.rs`): containers' logs read
+//! through the apiserver, the injector's own Deployment and its pods, a steady stream of pod
+//! creations that counts every refusal, and the certificate a server pod really serves.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, LogParams, PostParams};
+use kube::{Api, Client};
+use rustls_pki_types::{CertificateDer, ServerName, pem::PemObject};
+
+use crate::cluster::{WAIT, refusal};
+use crate::eventually;
+use crate::pods::{labelled, opted_in, status_annotation};
+
+/// The busybox image imported into the node (`e2e/node/images.sh`).
+pub const BUSYBOX: &str = "local/busybox:1";
+/// A node-selector label no node has: stream pods are admitted and stored, never scheduled.
+const NEVER_SCHEDULED: (&str, &str) = ("e2e.sidecar-injector.io/never", "scheduled");
+
+/// One line of a container's log, with the time the runtime stamped on it.
+#[derive(Clone, Debug)]
+pub struct LogLine {
+    /// RFC 3339 with nanoseconds, as the kubelet returns it; compares as time when the
+    /// lengths match (the runtime always writes nine digits).
+    pub at: String,
+    pub text: String,
+}
+
+/// A container's log through the apiserver (the kubelet's logs endpoint), with timestamps.
+pub async fn logs(pods: &Api<Pod>, pod: &str, container: &str) -> anyhow::Result<Vec<LogLine>> {
+    let text = pods
+        .logs(
+            pod,
+            &LogParams {
+                container: Some(container.into()),
+                timestamps: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .with_context(|| format!("cannot read the log of {pod}/{container}"))?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let (at, text) = line.split_once(' ')?;
+            Some(LogLine {
+                at: at.to_owned(),
+                text: text.to_owned(),
+            })
+        })
+        .collect())
+}
+
+/// The first line containing `needle`, or an error showing the whole log.
+pub fn line_with<'a>(log: &'a [LogLine], needle: &str, what: &str) -> anyhow::Result<&'a LogLine> {
+    log.iter()
+        .find(|l| l.text.contains(needle))
+        .with_context(|| {
+            format!(
+                "{what}: no line with {needle:?} in:\n{}",
+                log.iter()
+                    .map(|l| format!("  {} {}", l.at, l.text))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        })
+}
+
+/// Waits until the Deployment `name` has rolled out: its newest generation observed, every
+/// replica updated, ready and available, no old replica left.
+pub async fn wait_rolled_out(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    eventually(
+        &format!("Deployment {ns}/{name} to roll out"),
+        timeout,
+        || async {
+            let d = api.get(name).await?;
+            let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let generation = d.metadata.generation.unwrap_or_default();
+            let Some(s) = d.status else { return Ok(None) };
+            let done = s.observed_generation.unwrap_or_default() >= generation
+                && s.updated_replicas.unwrap_or_default() == want
+                && s.ready_replicas.unwrap_or_default() == want
+                && s.available_replicas.unwrap_or_default() == want
+                && s.replicas.unwrap_or_default() == want;
+            Ok(done.then_some(()))
+        },
+    )
+    .await
+}
+
+/// The running, ready pods of the injector's Deployment (label `app.kubernetes.io/instance`).
+pub async fn injector_pods(client: &Client, ns: &str, release: &str) -> anyhow::Result<Vec<Pod>> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+        .await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && is_ready(p))
+        .collect())
+}
+
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// What a [`PodStream`] saw.
+#[derive(Debug, Default)]
+pub struct StreamReport {
+    pub created: usize,
+    /// Refusals and errors, in order: "name: message".
+    pub failures: Vec<String>,
+    /// Pods stored without the status annotation.
+    pub not_injected: Vec<String>,
+}
+
+/// Opted-in pods created one after another at a fixed pace until stopped (and at most `limit`),
+/// each checked to be stored injected. The pods can never be scheduled: the stream measures
+/// admission, not the node.
+pub struct PodStream {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<StreamReport>,
+}
+
+impl PodStream {
+    pub fn start(client: &Client, ns: &str, every: Duration, limit: usize) -> Self {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut report = StreamReport::default();
+            let mut tick = tokio::time::interval(every);
+            for i in 0..limit {
+                if flag.load(Ordering::Relaxed) {
+                    break;
+                }
+                tick.tick().await;
+                let name = format!("stream-{i:04}");
+                let mut pod = opted_in(&name);
+                if let Some(spec) = pod.spec.as_mut() {
+                    spec.node_selector =
+                        Some([(NEVER_SCHEDULED.0.to_owned(), NEVER_SCHEDULED.1.to_owned())].into());
+                }
+                let pod = labelled(pod, "e2e.sidecar-injector.io/stream", "true");
+                match pods.create(&PostParams::default(), &pod).await {
+                    Ok(stored) => {
+                        report.created += 1;
+                        if status_annotation(&stored).is_none() {
+                            report.not_injected.push(name);
+                        }
+                    }
+                    Err(error) => report.failures.push(format!("{name}: {}", refusal(&error))),
+                }
+            }
+            report
+        });
+        Self { stop, task }
+    }
+
+    pub async fn stop(self) -> anyhow::Result<StreamReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.context("the pod stream task failed")
+    }
+}
+
+/// The leaf certificate a server pod presents at `ip:port`, verified against `ca_pem` for
+/// `server_name` (what the apiserver checks when it calls the Service).
+pub async fn served_certificate(
+    ip: &str,
+    port: u16,
+    server_name: &str,
+    ca_pem: &[u8],
+) -> anyhow::Result<CertificateDer<'static>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        roots.add(cert.context("bad CA PEM")?)?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::time::timeout(WAIT, tokio::net::TcpStream::connect((ip, port)))
+        .await
+        .context("connect timed out")??;
+    let name = ServerName::try_from(server_name.to_owned())?;
+    let tls = tokio::time::timeout(WAIT, connector.connect(name, tcp))
+        .await
+        .context("TLS handshake timed out")?
+        .with_context(|| format!("TLS handshake with {ip}:{port} as {server_name}"))?;
+    let (_, session) = tls.get_ref();
+    session
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.clone().into_owned())
+        .context("the server presented no certificate")
+}

@@ -1,0 +1,615 @@
+//! Scenarios that can only pass on a real node (`e2e/node/run.sh`, also `e2e/kind/run.sh`):
+//! injected sidecars run, the injector runs as its chart's Deployment, and admission never fails
+//! while that Deployment rolls or its certificate rotates.
+//!
+//! The bundled templates are used unchanged; their images are stand-ins built from busybox
+//! (`e2e/node/standins`): the proxy serves HTTP on the port the template's Envoy config listens
+//! on, the log shipper prints what it tails from the shared volume.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject as _;
+use serde_json::json;
+use sidecar_injector_e2e::cluster::{Ctx, scenario};
+use sidecar_injector_e2e::env::Need;
+use sidecar_injector_e2e::eventually;
+use sidecar_injector_e2e::node::{
+    BUSYBOX, PodStream, StreamReport, injector_pods, is_ready, line_with, logs, served_certificate,
+    wait_rolled_out,
+};
+use sidecar_injector_e2e::pods::{
+    INJECT_LABEL, LOG_DIR, LOG_SHIPPER, PROXY, PROXY_PORT, check_injected,
+    check_own_init_after_proxy, from_json,
+};
+use sidecar_injector_e2e::webhooks::with_mutating_changed;
+
+/// Bound on a pod of the scenarios reaching Running on the node.
+const RUNNING: Duration = Duration::from_secs(90);
+/// Bound on the injector's own rollout.
+const ROLLOUT: Duration = Duration::from_secs(150);
+
+/// The application: an init container of its own that must find the proxy already answering on
+/// 127.0.0.1 (and still answering a second later), and a container that reports the env and mount
+/// it was given and writes numbered lines into the shared log directory.
+fn app_deployment(name: &str) -> anyhow::Result<Deployment> {
+    // busybox-static's wget crashes with -T, so `timeout` bounds it instead.
+    let probe = format!(
+        "timeout 2 wget -q -O - http://127.0.0.1:{PROXY_PORT}/ 2>/dev/null | grep -q 'proxy stand-in'"
+    );
+    let init = format!(
+        "echo init: started; \
+         for i in $(seq 1 50); do {probe} && break; sleep 0.2; done; \
+         {probe} && echo init: proxy answered; \
+         sleep 1; \
+         {probe} && echo init: proxy still answering; \
+         echo init: done"
+    );
+    let app = "echo \"app: APP_LOG_DIR=$APP_LOG_DIR SIDECAR_PROXY_PORT=$SIDECAR_PROXY_PORT\"; \
+         grep -q \" $APP_LOG_DIR \" /proc/mounts && echo \"app: $APP_LOG_DIR is a mount\"; \
+         i=0; while true; do i=$((i+1)); echo \"line $i from the app\" >> \"$APP_LOG_DIR/app.log\"; sleep 0.5; done";
+    from_json(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, INJECT_LABEL: "true"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "initContainers": [{
+                        "name": "app-init", "image": BUSYBOX, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", init]
+                    }],
+                    "containers": [{
+                        "name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", app]
+                    }]
+                }
+            }
+        }
+    }))
+}
+
+/// Creates the Deployment and returns its pod once it is Running with every container ready.
+async fn running_app(cx: &Ctx, name: &str) -> anyhow::Result<Pod> {
+    let deployments: Api<Deployment> = Api::namespaced(cx.client.clone(), &cx.ns);
+    deployments
+        .create(&PostParams::default(), &app_deployment(name)?)
+        .await?;
+    let pods = cx.pods();
+    eventually(
+        &format!("the pod of Deployment {name} to run with every container ready"),
+        RUNNING,
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(&format!("app={name}")))
+                .await?;
+            let Some(pod) = list.items.into_iter().next() else {
+                return Ok(None);
+            };
+            let status = pod.status.clone().unwrap_or_default();
+            let containers_ready = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .all(|c| c.ready && c.state.as_ref().is_some_and(|s| s.running.is_some()));
+            if status.phase.as_deref() == Some("Running") && containers_ready && is_ready(&pod) {
+                Ok(Some(pod))
+            } else {
+                anyhow::bail!(
+                    "phase {:?}, init {:?}, containers {:?}",
+                    status.phase,
+                    status
+                        .init_container_statuses
+                        .iter()
+                        .flatten()
+                        .map(|c| (&c.name, c.state.clone()))
+                        .collect::<Vec<_>>(),
+                    status
+                        .container_statuses
+                        .iter()
+                        .flatten()
+                        .map(|c| (&c.name, c.state.clone()))
+                        .collect::<Vec<_>>()
+                )
+            }
+        },
+    )
+    .await
+}
+
+/// n01. An opted-in Deployment's pod runs on the node with its sidecars: the native sidecar
+/// proxy starts before the pod's own init container and is still running while it runs (the
+/// init container reaches it on 127.0.0.1, twice, a second apart); the app container sees the
+/// injected env vars and mount from inside.
+#[tokio::test]
+async fn n01_injected_pod_runs_with_its_sidecars() -> anyhow::Result<()> {
+    scenario("n01-sidecars-run", &[Need::Node], |cx| async move {
+        let pod = running_app(&cx, "web").await?;
+        check_injected(&pod)?;
+        check_own_init_after_proxy(&pod, &["app-init"])?;
+        let name = pod.metadata.name.clone().context("pod without a name")?;
+        let status = pod.status.clone().unwrap_or_default();
+        let init = |n: &str| {
+            status
+                .init_container_statuses
+                .iter()
+                .flatten()
+                .find(|c| c.name == n)
+                .cloned()
+                .with_context(|| format!("no status of init container {n}"))
+        };
+        let proxy = init(PROXY)?;
+        let proxy_running = proxy
+            .state
+            .as_ref()
+            .and_then(|s| s.running.as_ref())
+            .context("the proxy is not running")?;
+        ensure!(
+            proxy.restart_count == 0,
+            "the proxy restarted {} times",
+            proxy.restart_count
+        );
+        let app_init = init("app-init")?;
+        let finished = app_init
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .context("the pod's own init container has not terminated")?;
+        ensure!(
+            finished.exit_code == 0,
+            "app-init exited {}",
+            finished.exit_code
+        );
+        ensure!(
+            proxy_running.started_at.as_ref().map(|t| t.0)
+                <= finished.started_at.as_ref().map(|t| t.0),
+            "the proxy ({:?}) did not start before app-init ({:?})",
+            proxy_running.started_at,
+            finished.started_at
+        );
+
+        let pods = cx.pods();
+        let proxy_log = logs(&pods, &name, PROXY).await?;
+        let init_log = logs(&pods, &name, "app-init").await?;
+        let serving = line_with(
+            &proxy_log,
+            &format!("serving on port {PROXY_PORT}"),
+            "proxy",
+        )?;
+        let started = line_with(&init_log, "init: started", "app-init")?;
+        line_with(&init_log, "init: proxy answered", "app-init")?;
+        line_with(&init_log, "init: proxy still answering", "app-init")?;
+        ensure!(
+            serving.at.len() == started.at.len() && serving.at < started.at,
+            "the proxy logged it was serving at {}, after app-init started at {}",
+            serving.at,
+            started.at
+        );
+        println!(
+            "proxy serving at {}, app-init started at {}, finished {:?}; proxy still running",
+            serving.at, started.at, finished.finished_at
+        );
+
+        let app_log = logs(&pods, &name, "app").await?;
+        line_with(
+            &app_log,
+            &format!("app: APP_LOG_DIR={LOG_DIR} SIDECAR_PROXY_PORT={PROXY_PORT}"),
+            "app",
+        )?;
+        line_with(&app_log, &format!("app: {LOG_DIR} is a mount"), "app")?;
+        Ok(())
+    })
+    .await
+}
+
+/// n02. The log shipper ships: the lines the app writes into the shared volume are the lines the
+/// log-shipper container reads and prints, tagged with the pod's namespace and app label.
+#[tokio::test]
+async fn n02_log_shipper_reads_what_the_app_writes() -> anyhow::Result<()> {
+    scenario("n02-log-shipper", &[Need::Node], |cx| async move {
+        let pod = running_app(&cx, "writer").await?;
+        let name = pod.metadata.name.clone().context("pod without a name")?;
+        let pods = cx.pods();
+        let tag = format!("[{}.writer]", cx.ns);
+        let shipped = eventually(
+            "the log shipper to print the app's third line",
+            Duration::from_secs(30),
+            || async {
+                let log = logs(&pods, &name, LOG_SHIPPER).await?;
+                Ok(log
+                    .iter()
+                    .any(|l| l.text == format!("{tag} line 3 from the app"))
+                    .then_some(log))
+            },
+        )
+        .await?;
+        let lines: Vec<&str> = shipped
+            .iter()
+            .filter_map(|l| l.text.strip_prefix(&format!("{tag} ")))
+            .collect();
+        ensure!(
+            lines.starts_with(&[
+                "line 1 from the app",
+                "line 2 from the app",
+                "line 3 from the app"
+            ]),
+            "the shipper printed {lines:?}, expected the app's lines in order from the first"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// n03. The injector serves as its chart installed it: a Deployment of 2 ready replicas running
+/// the image built from the Dockerfile's layout on this node, a PodDisruptionBudget keeping one,
+/// and both pods behind the Service the webhook configurations name.
+#[tokio::test]
+async fn n03_injector_runs_as_its_charts_deployment() -> anyhow::Result<()> {
+    scenario("n03-in-cluster", &[Need::Node], |cx| async move {
+        let ns = cx.env.injector_namespace.clone();
+        let release = cx.env.webhook_config.clone();
+        wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+        let deployment: Deployment = Api::namespaced(cx.client.clone(), &ns)
+            .get(&release)
+            .await?;
+        ensure!(
+            deployment.spec.as_ref().and_then(|s| s.replicas) == Some(2),
+            "the chart's Deployment does not ask for 2 replicas"
+        );
+        let pods = injector_pods(&cx.client, &ns, &release).await?;
+        ensure!(
+            pods.len() == 2,
+            "{} ready injector pods, expected 2",
+            pods.len()
+        );
+        for pod in &pods {
+            let spec = pod.spec.as_ref().context("no spec")?;
+            ensure!(spec.node_name.is_some(), "injector pod not on a node");
+            let image = spec.containers.first().and_then(|c| c.image.clone());
+            ensure!(
+                image
+                    .as_deref()
+                    .is_some_and(|i| i.contains("sidecar-injector")),
+                "injector pod runs {image:?}"
+            );
+        }
+        let pdb: PodDisruptionBudget = Api::namespaced(cx.client.clone(), &ns)
+            .get(&release)
+            .await?;
+        let pdb_status = pdb.status.context("PDB without status")?;
+        ensure!(
+            pdb_status.current_healthy == 2 && pdb_status.desired_healthy == 1,
+            "PDB healthy {} desired {}",
+            pdb_status.current_healthy,
+            pdb_status.desired_healthy
+        );
+        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+            Api::namespaced(cx.client.clone(), &ns);
+        let ready: Vec<String> = slices
+            .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={release}")))
+            .await?
+            .items
+            .into_iter()
+            .flat_map(|s| s.endpoints)
+            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+            .flat_map(|e| e.addresses)
+            .collect();
+        let mut pod_ips: Vec<String> = pods
+            .iter()
+            .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+            .collect();
+        let mut got = ready.clone();
+        got.sort();
+        pod_ips.sort();
+        ensure!(
+            got == pod_ips,
+            "Service endpoints {got:?}, injector pods {pod_ips:?}"
+        );
+        println!("injector pods ready behind the Service: {pod_ips:?}");
+        Ok(())
+    })
+    .await
+}
+
+fn check_stream(report: &StreamReport, during: &str) -> anyhow::Result<()> {
+    println!(
+        "{during}: {} pods created, {} refused, {} not injected",
+        report.created,
+        report.failures.len(),
+        report.not_injected.len()
+    );
+    ensure!(
+        report.failures.is_empty(),
+        "{during}: {} of {} creations failed: {:#?}",
+        report.failures.len(),
+        report.created + report.failures.len(),
+        report.failures
+    );
+    ensure!(
+        report.not_injected.is_empty(),
+        "{during}: stored without sidecars: {:?}",
+        report.not_injected
+    );
+    ensure!(
+        report.created >= 20,
+        "{during}: only {} pods created",
+        report.created
+    );
+    Ok(())
+}
+
+/// Pace and bound of the pod streams: 10 creations a second, never more than 1,500.
+const STREAM_EVERY: Duration = Duration::from_millis(100);
+const STREAM_LIMIT: usize = 1_500;
+
+/// n04. With the mutating webhook's failurePolicy Fail, pod creations go on in a steady stream
+/// while one injector pod is deleted and while the Deployment is rolled
+/// (`kubectl rollout restart`): not one creation fails and every pod is stored injected.
+#[tokio::test]
+async fn n04_no_admission_fails_while_the_injector_rolls() -> anyhow::Result<()> {
+    scenario("n04-rollout", &[Need::Node], |cx| async move {
+        let ns = cx.env.injector_namespace.clone();
+        let release = cx.env.webhook_config.clone();
+        with_mutating_changed(
+            &cx.client,
+            &cx.env.webhook_config,
+            &cx.ns,
+            |hook| {
+                hook.failure_policy = Some("Fail".into());
+                Ok(())
+            },
+            || async {
+                wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+                let stream = PodStream::start(&cx.client, &cx.ns, STREAM_EVERY, STREAM_LIMIT);
+                let rolled = async {
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    let victim = injector_pods(&cx.client, &ns, &release)
+                        .await?
+                        .into_iter()
+                        .next()
+                        .and_then(|p| p.metadata.name)
+                        .context("no injector pod to delete")?;
+                    println!("deleting injector pod {victim}");
+                    Api::<Pod>::namespaced(cx.client.clone(), &ns)
+                        .delete(&victim, &DeleteParams::default())
+                        .await?;
+                    eventually(
+                        "the deleted injector pod to be gone and replaced",
+                        ROLLOUT,
+                        || async {
+                            let pods = injector_pods(&cx.client, &ns, &release).await?;
+                            let gone = Api::<Pod>::namespaced(cx.client.clone(), &ns)
+                                .get_opt(&victim)
+                                .await?
+                                .is_none();
+                            Ok((gone && pods.len() == 2).then_some(()))
+                        },
+                    )
+                    .await?;
+                    println!("rollout restart of deployment/{release}");
+                    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                    Api::<Deployment>::namespaced(cx.client.clone(), &ns)
+                        .patch(
+                            &release,
+                            &PatchParams::default(),
+                            &Patch::Merge(
+                                json!({"spec": {"template": {"metadata": {"annotations": {
+                                    "kubectl.kubernetes.io/restartedAt": now
+                                }}}}}),
+                            ),
+                        )
+                        .await?;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    anyhow::Ok(())
+                }
+                .await;
+                let report = stream.stop().await?;
+                rolled?;
+                check_stream(&report, "pod deleted, then rollout restart")
+            },
+        )
+        .await
+    })
+    .await
+}
+
+/// Signs a new serving certificate for `dns` with the CA (openssl, as the runner does).
+async fn new_serving_cert(
+    ca_cert: &str,
+    ca_key: &str,
+    dns: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+    let key = dir.join("rotated.key");
+    let csr = dir.join("rotated.csr");
+    let crt = dir.join("rotated.crt");
+    let ext = dir.join("rotated.ext");
+    tokio::fs::write(
+        &ext,
+        format!(
+            "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:{dns}\n"
+        ),
+    )
+    .await?;
+    let run = |args: Vec<String>| async move {
+        let out = tokio::process::Command::new("openssl")
+            .args(&args)
+            .output()
+            .await?;
+        ensure!(
+            out.status.success(),
+            "openssl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        anyhow::Ok(())
+    };
+    let p = |p: &std::path::Path| p.display().to_string();
+    run(vec![
+        "req".into(),
+        "-new".into(),
+        "-newkey".into(),
+        "ec".into(),
+        "-pkeyopt".into(),
+        "ec_paramgen_curve:prime256v1".into(),
+        "-nodes".into(),
+        "-keyout".into(),
+        p(&key),
+        "-out".into(),
+        p(&csr),
+        "-subj".into(),
+        "/CN=rotated".into(),
+    ])
+    .await?;
+    run(vec![
+        "x509".into(),
+        "-req".into(),
+        "-in".into(),
+        p(&csr),
+        "-CA".into(),
+        ca_cert.into(),
+        "-CAkey".into(),
+        ca_key.into(),
+        "-set_serial".into(),
+        "0x5e7a".into(),
+        "-days".into(),
+        "2".into(),
+        "-sha256".into(),
+        "-extfile".into(),
+        p(&ext),
+        "-out".into(),
+        p(&crt),
+    ])
+    .await?;
+    Ok((tokio::fs::read(&crt).await?, tokio::fs::read(&key).await?))
+}
+
+/// n05. The serving Secret is replaced with a new certificate (same CA): both injector pods
+/// serve it within the kubelet's sync, without restarting, while pod creations go on with the
+/// mutating failurePolicy Fail and not one fails.
+#[tokio::test]
+async fn n05_certificate_rotation_in_the_cluster() -> anyhow::Result<()> {
+    scenario(
+        "n05-rotation",
+        &[Need::Node, Need::PodNetwork, Need::CaKey],
+        |cx| async move {
+            let ns = cx.env.injector_namespace.clone();
+            let release = cx.env.webhook_config.clone();
+            let ca_cert = cx.env.ca_cert.clone().context("no CA_CERT")?;
+            let ca_key = cx.env.ca_key.clone().context("no E2E_CA_KEY")?;
+            let dns = cx.env.service_dns.clone().context("no E2E_SERVICE_DNS")?;
+            let ca_pem = tokio::fs::read(&ca_cert).await?;
+            wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+            let before = injector_pods(&cx.client, &ns, &release).await?;
+            ensure!(before.len() == 2, "{} ready injector pods", before.len());
+            let fingerprint = |p: &Pod| {
+                (
+                    p.metadata.uid.clone().unwrap_or_default(),
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.container_statuses.as_ref())
+                        .map(|c| c.iter().map(|c| c.restart_count).sum::<i32>())
+                        .unwrap_or_default(),
+                )
+            };
+            let mut before_ids: Vec<_> = before.iter().map(fingerprint).collect();
+            before_ids.sort();
+            let ips: Vec<String> = before
+                .iter()
+                .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+                .collect();
+            let old = served_certificate(&ips[0], 8443, &dns, &ca_pem).await?;
+
+            let dir = tempdir()?;
+            let (crt, key) = new_serving_cert(
+                &ca_cert.display().to_string(),
+                &ca_key.display().to_string(),
+                &dns,
+                &dir,
+            )
+            .await?;
+            let new_der =
+                CertificateDer::from_pem_slice(&crt).context("the new certificate is not PEM")?;
+            ensure!(new_der != old, "the new certificate equals the old one");
+
+            let secrets: Api<Secret> = Api::namespaced(cx.client.clone(), &ns);
+            let secret_name = format!("{release}-tls");
+            with_mutating_changed(
+                &cx.client,
+                &cx.env.webhook_config,
+                &cx.ns,
+                |hook| {
+                    hook.failure_policy = Some("Fail".into());
+                    Ok(())
+                },
+                || async {
+                    let stream = PodStream::start(&cx.client, &cx.ns, STREAM_EVERY, STREAM_LIMIT);
+                    let rotated = async {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        let mut secret = secrets.get(&secret_name).await?;
+                        let data = secret.data.get_or_insert_with(Default::default);
+                        data.insert("tls.crt".into(), ByteString(crt.clone()));
+                        data.insert("tls.key".into(), ByteString(key.clone()));
+                        secrets
+                            .replace(&secret_name, &PostParams::default(), &secret)
+                            .await?;
+                        println!("replaced Secret {ns}/{secret_name}");
+                        let t0 = tokio::time::Instant::now();
+                        for ip in &ips {
+                            eventually(
+                                &format!("the injector pod at {ip} to serve the new certificate"),
+                                Duration::from_secs(120),
+                                || async {
+                                    let served =
+                                        served_certificate(ip, 8443, &dns, &ca_pem).await?;
+                                    Ok((served == new_der).then_some(()))
+                                },
+                            )
+                            .await?;
+                        }
+                        println!(
+                            "both pods serve the new certificate {:?} after the Secret changed",
+                            t0.elapsed()
+                        );
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        anyhow::Ok(())
+                    }
+                    .await;
+                    let report = stream.stop().await?;
+                    rotated?;
+                    check_stream(&report, "certificate rotation")
+                },
+            )
+            .await?;
+            let after = injector_pods(&cx.client, &ns, &release).await?;
+            let mut after_ids: Vec<_> = after.iter().map(fingerprint).collect();
+            after_ids.sort();
+            ensure!(
+                after_ids == before_ids,
+                "the injector pods changed or restarted: before {before_ids:?}, after {after_ids:?}"
+            );
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// A fresh directory under the system's temp dir, for the rotated key and certificate.
+fn tempdir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("sidecar-injector-n05-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
