@@ -5,12 +5,15 @@
 #
 #  1. builds the scenario suite (before any cluster exists),
 #  2. creates a kind cluster (e2e/kind/cluster.yaml) with its own kubeconfig in a temp dir,
-#  3. `docker build`s the image and `kind load`s it into the cluster,
+#  3. `docker build`s the image and the node scenarios' stand-in images (busybox with
+#     e2e/node/standins; pause tagged local/pause:1), and `kind load`s them into the cluster,
 #  4. `helm install`s the chart (service mode, certificates.mode=selfSigned),
 #  5. waits for the rollout and until a server-side dry-run create comes back injected,
-#  6. runs the same scenarios as e2e/run.sh with E2E_MODE=kind: the ones that need apiserver
-#     flags, the audit log, a webhook on the test machine's 127.0.0.1 or control of the server
-#     process say "SKIPPED name: reason" and count as skipped,
+#  6. runs the same scenarios as e2e/run.sh, and the node scenarios of e2e/node/run.sh
+#     (tests/node.rs), with E2E_MODE=kind: the ones that need apiserver flags, the audit log, a
+#     webhook on the test machine's 127.0.0.1, pod addresses or the serving certificate's CA key
+#     say "SKIPPED name: reason" and count as skipped; "stopping the server" scales the
+#     Deployment to 0 (e2e/node/injector-ctl.sh),
 #  7. deletes the cluster (exit trap, also on failure or Ctrl-C).
 #
 # Prints "kube-apiserver vX.Y.Z" and ends with "N passed, M failed, K skipped"; exits non-zero
@@ -88,6 +91,7 @@ bash "$REPO/tools/install.sh"
 . "$REPO/tools/env.sh"
 command -v helm >/dev/null || die "helm is missing after tools/install.sh"
 command -v kubectl >/dev/null || die "kubectl is missing after tools/install.sh"
+E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test node)
 TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
 ((TOTAL > 0)) || die "no scenario found"
 
@@ -110,6 +114,25 @@ echo "kube-apiserver $VERSION"
 log "docker build -t $IMAGE"
 docker build -t "$IMAGE" "$REPO"
 kind load docker-image "$IMAGE" --name "$CLUSTER"
+# The node scenarios' images, under the names e2e/node/images.sh gives them on the local node.
+log "stand-in images: local/busybox:1, local/pause:1, local/proxy:1, local/log-shipper:1"
+docker pull -q busybox:1.36.1 >/dev/null
+docker pull -q registry.k8s.io/pause:3.10 >/dev/null
+docker tag busybox:1.36.1 local/busybox:1
+docker tag registry.k8s.io/pause:3.10 local/pause:1
+standin() { # image script
+  docker build -q -t "$1" -f - "$E2E/node/standins" >/dev/null <<EOF
+FROM busybox:1.36.1
+COPY $2 /standin/$2
+COPY www/ /standin/www/
+ENTRYPOINT ["/bin/sh", "/standin/$2"]
+EOF
+}
+standin local/proxy:1 proxy.sh
+standin local/log-shipper:1 log-shipper.sh
+for image in local/busybox:1 local/pause:1 local/proxy:1 local/log-shipper:1; do
+  kind load docker-image "$image" --name "$CLUSTER"
+done
 
 # ---------------------------------------------------------------- the chart (service mode)
 log "helm install $RELEASE (service mode, selfSigned certificates)"
@@ -119,6 +142,8 @@ helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
   --set image.tag="$IMAGE_TAG" \
   --set image.pullPolicy=Never \
   --set certificates.mode=selfSigned \
+  --set config.values.proxy.image=local/proxy:1 \
+  --set config.values.logShipper.image=local/log-shipper:1 \
   --timeout 180s 2> >(grep -v 'symbolic link in path' >&2)
 kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=180s
 
@@ -140,8 +165,10 @@ export E2E_MODE=kind
 export E2E_CHART="$REPO/charts/sidecar-injector"
 export E2E_RELEASE_NAMESPACE="$RELEASE_NAMESPACE"
 export E2E_WEBHOOK_CONFIG="$RELEASE"
+export E2E_INJECTOR_CTL="$E2E/node/injector-ctl.sh"
+export E2E_APP_IMAGE=local/pause:1
 # Local-mode settings from the caller's shell must not leak in.
-unset AUDIT_LOG E2E_INJECTOR_CTL E2E_WEBHOOK_URL CA_CERT
+unset AUDIT_LOG E2E_WEBHOOK_URL CA_CERT E2E_CA_KEY E2E_SERVICE_DNS ADMISSION_PLUGINS
 log "running $TOTAL scenarios"
 suite_rc=0
 e2e_run_scenarios "$CARGO" "$TOTAL" "$WORKDIR/scenarios.log" || suite_rc=$?

@@ -114,7 +114,7 @@ impl Env {
                 ),
                 Need::ProcessControl => (
                     self.injector_ctl.is_some(),
-                    "the server runs as a Deployment in kind; stopping the process is a local-mode check",
+                    "no E2E_INJECTOR_CTL: nothing to stop and start the server with",
                 ),
                 Need::LoopbackWebhooks => (
                     self.mode != Mode::Kind,

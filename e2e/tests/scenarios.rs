@@ -678,8 +678,8 @@ async fn s10_server_down_blocks_only_opted_in_pods() -> anyhow::Result<()> {
                         // A process on 127.0.0.1 that is gone refuses the connection; a Service
                         // whose Deployment has no pod has no endpoint to call.
                         let cause = match cx.env.mode {
-                            Mode::Node => "no endpoints available for service",
-                            Mode::Local | Mode::Kind => "connection refused",
+                            Mode::Node | Mode::Kind => "no endpoints available for service",
+                            Mode::Local => "connection refused",
                         };
                         ensure!(
                             message.contains(&needle) && message.contains(cause),
