@@ -384,16 +384,22 @@ async fn n04_no_admission_fails_while_the_injector_rolls() -> anyhow::Result<()>
                     Api::<Pod>::namespaced(cx.client.clone(), &ns)
                         .delete(&victim, &DeleteParams::default())
                         .await?;
+                    let replicas = Api::<Deployment>::namespaced(cx.client.clone(), &ns)
+                        .get(&release)
+                        .await?
+                        .spec
+                        .and_then(|s| s.replicas)
+                        .unwrap_or(1);
                     eventually(
                         "the deleted injector pod to be gone and replaced",
                         ROLLOUT,
                         || async {
-                            let pods = injector_pods(&cx.client, &ns, &release).await?;
+                            let ready = injector_pods(&cx.client, &ns, &release).await?.len();
                             let gone = Api::<Pod>::namespaced(cx.client.clone(), &ns)
                                 .get_opt(&victim)
                                 .await?
                                 .is_none();
-                            Ok((gone && pods.len() == 2).then_some(()))
+                            Ok((gone && i32::try_from(ready)? == replicas).then_some(()))
                         },
                     )
                     .await?;
