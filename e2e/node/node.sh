@@ -19,8 +19,9 @@ NODE_NAME=e2e-node
 NODE_IP=192.168.77.2
 NODE_GW=192.168.77.1
 POD_SUBNET=10.88.0.0/24
-# The pods' cgroups, under every controller's hierarchy; removed by `down`.
-CGROUP_ROOT=/sidecar-injector-e2e
+# The pods' cgroups, under every controller's hierarchy, one per run (WORKDIR's name), so two
+# runs never share one; removed by `down`.
+cgroup_root() { echo "/sidecar-injector-e2e-$(basename "$1")"; }
 
 log() { printf '[node %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -113,6 +114,7 @@ JSON
 
 write_kubelet_config() { # workdir
   local w=$1
+  # shellcheck source=/dev/null
   . "$w/env"
   local pki="$CONTROL_PLANE_WORKDIR/pki"
   cat >"$w/kubelet/kubeconfig" <<EOF2
@@ -139,7 +141,7 @@ kind: KubeletConfiguration
 # This machine runs cgroup v1: kubelet 1.35 refuses it unless told, and drives it by cgroupfs.
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupRoot: $CGROUP_ROOT
+cgroupRoot: $(cgroup_root "$w")
 failSwapOn: false
 containerRuntimeEndpoint: unix://$w/containerd/containerd.sock
 address: $NODE_IP
@@ -191,16 +193,22 @@ wait_until() { # seconds description command...
 }
 
 # The kubelet wants its cgroupRoot to exist under every controller (cgroup v1); a cpuset
-# cgroup starts without CPUs or memory nodes, so it gets its parent's.
-make_cgroups() {
-  local c
+# cgroup starts without CPUs or memory nodes, so it gets its parent's. (On cgroup v2, one
+# directory; not tried here: this machine runs v1.)
+make_cgroups() { # workdir
+  local c root
+  root=$(cgroup_root "$1")
+  if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
+    mkdir -p "/sys/fs/cgroup$root"
+    return 0
+  fi
   for c in /sys/fs/cgroup/*/; do
     c=${c%/}
     [[ -f "$c/cgroup.procs" ]] || continue
-    mkdir -p "$c$CGROUP_ROOT"
+    mkdir -p "$c$root"
     if [[ -f "$c/cpuset.cpus" ]]; then
-      cat "$c/cpuset.cpus" >"$c$CGROUP_ROOT/cpuset.cpus"
-      cat "$c/cpuset.mems" >"$c$CGROUP_ROOT/cpuset.mems"
+      cat "$c/cpuset.cpus" >"$c$root/cpuset.cpus"
+      cat "$c/cpuset.mems" >"$c$root/cpuset.mems"
     fi
   done
 }
@@ -211,6 +219,7 @@ up() { # workdir images_dir
   W=$1
   local images=$2 bin=${CONTROL_PLANE_BIN_DIR:?}
   [[ -f "$W/env" ]] || die "no $W/env: start the control plane first"
+  # shellcheck source=/dev/null
   . "$W/env"
   write_containerd_config "$W"
   start_proc "$W" containerd containerd --config "$W/containerd/config.toml"
@@ -223,7 +232,7 @@ up() { # workdir images_dir
   log "images: $(CTR images ls -q | grep -c '^docker.io/local/') imported"
 
   write_kubelet_config "$W"
-  make_cgroups
+  make_cgroups "$W"
   start_proc "$W" kubelet "$bin/kubelet" \
     --config="$W/kubelet/config.yaml" \
     --kubeconfig="$W/kubelet/kubeconfig" \
@@ -263,9 +272,10 @@ stop_pidfile() { # workdir name
   rm -f "$pidfile"
 }
 
-remove_cgroups() {
-  local d
-  for d in /sys/fs/cgroup/*"$CGROUP_ROOT"; do
+remove_cgroups() { # workdir
+  local d root
+  root=$(cgroup_root "$1")
+  for d in /sys/fs/cgroup/*"$root" "/sys/fs/cgroup$root"; do
     [[ -d "$d" ]] || continue
     # Deepest first: a cgroup directory goes only when empty of children.
     find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
@@ -289,7 +299,7 @@ down() { # workdir
   stop_pidfile "$W" containerd || rc=1
   # A shim whose containerd is gone: named by its -address under WORKDIR.
   pkill -KILL -f -- "containerd-shim.*$W/" 2>/dev/null || true
-  remove_cgroups
+  remove_cgroups "$W"
   return "$rc"
 }
 

@@ -69,6 +69,14 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
     pkill -KILL -f -- "$WORKDIR/" || true
     rc=1
   fi
+  # The pods' cgroups live outside the namespaces: node.sh down removes them.
+  for d in /sys/fs/cgroup/*/"sidecar-injector-e2e-$(basename "$WORKDIR")" \
+    "/sys/fs/cgroup/sidecar-injector-e2e-$(basename "$WORKDIR")"; do
+    if [[ -d "$d" ]]; then
+      log "ERROR: cgroup left behind: $d"
+      rc=1
+    fi
+  done
   if ((rc == 0)) && [[ "${KEEP_WORKDIR:-0}" != 1 ]]; then
     rm -rf "$WORKDIR"
   else
@@ -111,6 +119,7 @@ CONTROL_PLANE_NODE_IP=192.168.77.2 CONTROL_PLANE_BIN_DIR="$BIN_DIR" \
   "$E2E/control-plane/up.sh" "$WORKDIR" >/dev/null
 # shellcheck source=/dev/null
 . "$WORKDIR/env"
+# shellcheck disable=SC2153 # ADMIN_CERT comes from WORKDIR/env
 ADMIN_CURL=(curl --silent --show-error --fail --noproxy '*' --max-time 10
   --cacert "$CA_CERT" --cert "$ADMIN_CERT" --key "$ADMIN_KEY")
 VERSION=$("${ADMIN_CURL[@]}" "$APISERVER_URL/version" |
