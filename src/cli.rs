@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
+use crate::inject::Entry;
 use crate::review::Webhook;
 
 #[derive(Debug, Parser)]
@@ -33,6 +34,11 @@ pub enum Command {
         /// Answer as the validating webhook instead of the mutating one.
         #[arg(long)]
         validate: bool,
+        /// Answer as the server answers a POST to this path: /mutate or /validate (the entry
+        /// for pods opted in by their own label) or /mutate/namespace or /validate/namespace
+        /// (the entry for pods in a namespace labelled `sidecar-injector.io/inject: enabled`).
+        #[arg(long = "path", value_name = "PATH", conflicts_with = "validate")]
+        webhook_path: Option<String>,
         #[command(flatten)]
         config: ConfigArg,
     },
@@ -51,6 +57,11 @@ pub struct ManifestArgs {
     /// "default" and says so).
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
+    /// A label of the namespace the documents go to (repeatable; for namespaces the input has
+    /// no Namespace document for). With labels given, namespace opt-in and revisions are
+    /// decided as the chart's webhooks decide them; without, only a pod's own label opts it in.
+    #[arg(long = "namespace-label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub namespace_labels: Vec<(String, String)>,
     #[command(flatten)]
     pub config: ConfigArg,
 }
@@ -66,6 +77,23 @@ pub struct ConfigArg {
 impl ConfigArg {
     pub fn load(&self) -> anyhow::Result<crate::config::Injector> {
         Ok(crate::load::injector(self.path.as_deref())?)
+    }
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+impl ManifestArgs {
+    fn target(&self) -> crate::manifest::Target<'_> {
+        crate::manifest::Target {
+            namespace: self.namespace.as_deref(),
+            namespace_labels: (!self.namespace_labels.is_empty())
+                .then(|| self.namespace_labels.iter().cloned().collect()),
+        }
     }
 }
 
@@ -97,28 +125,30 @@ impl Cli {
     pub fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Serve(args) => args.run(),
-            Command::Inject(ManifestArgs {
-                file,
-                namespace,
-                config,
-            }) => {
-                let inj = config.load()?;
+            Command::Inject(args) => {
+                let inj = args.config.load()?;
                 let output =
-                    crate::manifest::inject(&inj, &read_text(&file)?, namespace.as_deref())?;
+                    crate::manifest::inject_for(&inj, &read_text(&args.file)?, &args.target())?;
                 write_stdout(output.as_bytes())
             }
             Command::Review {
                 request,
                 validate,
+                webhook_path,
                 config,
             } => {
                 let inj = config.load()?;
-                let webhook = if validate {
-                    Webhook::Validate
-                } else {
-                    Webhook::Mutate
+                let (webhook, entry) = match (webhook_path, validate) {
+                    (Some(path), _) => crate::review::route(&path).with_context(|| {
+                        let paths: Vec<&str> =
+                            crate::review::PATHS.iter().map(|(p, _, _)| *p).collect();
+                        format!("no such path {path:?}; use {}", paths.join(", "))
+                    })?,
+                    (None, true) => (Webhook::Validate, Entry::Pod),
+                    (None, false) => (Webhook::Mutate, Entry::Pod),
                 };
-                let answer = crate::review::answer(&inj, webhook, &read_input(&request)?)?;
+                let answer =
+                    crate::review::answer_for(&inj, webhook, entry, &read_input(&request)?)?;
                 write_stdout(&answer.body)?;
                 // The bytes are the server's answer exactly; a newline only for a person.
                 if std::io::stdout().is_terminal() {
@@ -126,14 +156,10 @@ impl Cli {
                 }
                 Ok(())
             }
-            Command::Explain(ManifestArgs {
-                file,
-                namespace,
-                config,
-            }) => {
-                let inj = config.load()?;
+            Command::Explain(args) => {
+                let inj = args.config.load()?;
                 write_stdout(
-                    crate::explain::explain(&inj, &read_text(&file)?, namespace.as_deref())?
+                    crate::explain::explain_for(&inj, &read_text(&args.file)?, &args.target())?
                         .as_bytes(),
                 )
             }

@@ -42,6 +42,14 @@ pub struct ConfigFile {
     pub templates_annotation: String,
     #[serde(default = "defaults::status_annotation")]
     pub status_annotation: String,
+    /// This installation's revision. Empty: the default revision, which injects pods and
+    /// namespaces that name no revision. Otherwise only those naming this one with
+    /// `revisionLabel`.
+    #[serde(default)]
+    pub revision: String,
+    /// The label (on the pod or the namespace that opted in) naming the revision to inject.
+    #[serde(default = "defaults::revision_label")]
+    pub revision_label: String,
     #[serde(default)]
     pub default_templates: Vec<String>,
     #[serde(default = "defaults::excluded_namespaces")]
@@ -107,6 +115,9 @@ mod defaults {
     pub fn status_annotation() -> String {
         "sidecar-injector.io/status".into()
     }
+    pub fn revision_label() -> String {
+        "sidecar-injector.io/rev".into()
+    }
     pub fn excluded_namespaces() -> Vec<String> {
         ["kube-system", "kube-public", "kube-node-lease"]
             .map(String::from)
@@ -166,10 +177,22 @@ impl Injector {
                 });
             }
         }
-        if config.inject_label.is_empty() || config.status_annotation.is_empty() {
+        if config.inject_label.is_empty()
+            || config.status_annotation.is_empty()
+            || config.revision_label.is_empty()
+        {
             return Err(ConfigError::Invalid {
                 path: origin.to_owned(),
-                message: "injectLabel and statusAnnotation must not be empty".into(),
+                message: "injectLabel, statusAnnotation and revisionLabel must not be empty".into(),
+            });
+        }
+        if !is_dns_label(&config.revision) && !config.revision.is_empty() {
+            return Err(ConfigError::Invalid {
+                path: origin.to_owned(),
+                message: format!(
+                    "revision {:?} is not a DNS label (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit); it is used in label values and object names",
+                    config.revision
+                ),
             });
         }
         Ok(Self {
@@ -198,6 +221,21 @@ impl Injector {
                 .iter()
                 .any(|ns| ns == namespace)
     }
+}
+
+/// The value of the inject label on a namespace that opts all its pods in.
+pub const NAMESPACE_ENABLED: &str = "enabled";
+
+/// A DNS-1123 label: what a revision must be, since it goes into label values and object names.
+pub fn is_dns_label(s: &str) -> bool {
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first() != Some(&b'-')
+        && bytes.last() != Some(&b'-')
 }
 
 /// Parses the configuration file text.
@@ -254,6 +292,20 @@ mod tests {
         let err = Injector::from_sources("c.yaml", "defaultTemplates: [nope]\n", vec![], None)
             .expect_err("must fail");
         assert!(err.to_string().contains("\"nope\""), "{err}");
+    }
+
+    #[test]
+    fn revision_must_be_a_dns_label() {
+        let load = |revision: &str| {
+            let yaml = DEFAULT_CONFIG.replace("revision: \"\"", &format!("revision: {revision}"));
+            Injector::from_sources("c.yaml", &yaml, bundled_templates(), None)
+        };
+        assert_eq!(load("\"\"").expect("no revision").config.revision, "");
+        assert_eq!(load("canary-2").expect("loads").config.revision, "canary-2");
+        for bad in ["Canary", "-x", "a_b", "x-"] {
+            let err = load(bad).expect_err(bad);
+            assert!(err.to_string().contains("not a DNS label"), "{err}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use crate::config::Injector;
 use crate::inject::Edit;
-use crate::manifest::{Doc, DocOutcome, ManifestError, process};
+use crate::manifest::{Doc, DocOutcome, ManifestError, Target, process_for};
 
 /// A human-readable report of what the injector does to each document.
 pub fn explain(
@@ -12,7 +12,23 @@ pub fn explain(
     text: &str,
     namespace: Option<&str>,
 ) -> Result<String, ManifestError> {
-    let docs = process(inj, text, namespace)?;
+    explain_for(
+        inj,
+        text,
+        &Target {
+            namespace,
+            namespace_labels: None,
+        },
+    )
+}
+
+/// [`explain`] with namespace labels (see [`crate::manifest::process_for`]).
+pub fn explain_for(
+    inj: &Injector,
+    text: &str,
+    target: &Target<'_>,
+) -> Result<String, ManifestError> {
+    let docs = process_for(inj, text, target)?;
     let mut out = String::new();
     for doc in docs
         .iter()
@@ -34,16 +50,9 @@ pub fn explain(
 }
 
 fn describe(inj: &Injector, doc: &Doc, out: &mut String) {
-    let label = &inj.config.inject_label;
     let _ = match &doc.outcome {
         DocOutcome::Passthrough => Ok(()),
-        DocOutcome::NotOptedIn => {
-            writeln!(
-                out,
-                "{}: not injected: it does not carry the label {label}=\"true\"",
-                doc.id
-            )
-        }
+        DocOutcome::NotOptedIn(why) => writeln!(out, "{}: not injected: {why}", doc.id),
         DocOutcome::Skipped(reason) => {
             writeln!(out, "{}: not injected: opted in, but {reason}", doc.id)
         }
@@ -54,12 +63,17 @@ fn describe(inj: &Injector, doc: &Doc, out: &mut String) {
             templates.join(", ")
         ),
         DocOutcome::Failed(error) => writeln!(out, "{}: cannot be injected: {error}", doc.id),
-        DocOutcome::Injected { templates, edits } => {
+        DocOutcome::Injected {
+            entry,
+            templates,
+            edits,
+        } => {
             let _ = writeln!(
                 out,
-                "{}: injected with [{}]; it would get:",
+                "{}: injected with [{}] (opted in by {}); it would get:",
                 doc.id,
-                templates.join(", ")
+                templates.join(", "),
+                entry.describe(inj)
             );
             for edit in edits {
                 let _ = writeln!(out, "  + {}", edit_line(edit));

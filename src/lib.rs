@@ -11,6 +11,7 @@ pub mod explain;
 pub mod inject;
 pub mod load;
 pub mod manifest;
+pub mod overrides;
 pub mod review;
 pub mod server;
 pub mod template;

@@ -4,13 +4,16 @@
 //! webhook; the edits are applied as the same JSONPatch. A document that is not changed is
 //! written back byte for byte, comments included, so injecting the output again changes nothing.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use serde_json::Value;
 
 use crate::config::Injector;
 use crate::inject::{
-    Decision, Edit, InjectError, PodFacts, SkipReason, decide, plan_edits, to_patch,
+    Decision, Edit, Entry, InjectError, PodFacts, SkipReason, decide, opt_in, plan_edits, to_patch,
 };
+use crate::template::Owner;
 
 /// Where each kind keeps its pod template (JSON pointer tokens; empty: the object is a pod).
 pub fn pod_template_path(api_version: &str, kind: &str) -> Option<&'static [&'static str]> {
@@ -32,13 +35,16 @@ pub fn pod_template_path(api_version: &str, kind: &str) -> Option<&'static [&'st
 pub enum DocOutcome {
     /// Not a pod or a workload with a pod template (or an empty document).
     Passthrough,
-    NotOptedIn,
+    /// Why no rule opts it in.
+    NotOptedIn(String),
     Skipped(SkipReason),
     /// Opted in and already carrying everything: nothing to add.
     AlreadyInjected {
         templates: Vec<String>,
     },
     Injected {
+        /// The rule that opted it in.
+        entry: Entry,
         templates: Vec<String>,
         edits: Vec<Edit>,
     },
@@ -117,6 +123,16 @@ pub fn split_documents(text: &str) -> Vec<&str> {
     docs
 }
 
+/// Where the documents go: the namespace for documents that name none (as `kubectl apply
+/// -n`), and the labels of namespaces the input does not describe.
+#[derive(Clone, Debug, Default)]
+pub struct Target<'a> {
+    pub namespace: Option<&'a str>,
+    /// Labels of every namespace without a Namespace document in the input. `None`: unknown,
+    /// and only the pod's own label can opt it in (the webhook's pod-label entry).
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+}
+
 /// Decides every document. A document that cannot be read stops here; a pod the injector
 /// cannot honour (an unknown template) is reported in its [`Doc::outcome`].
 /// `namespace` is used for documents that name none (as `kubectl apply -n`).
@@ -125,10 +141,49 @@ pub fn process(
     text: &str,
     namespace: Option<&str>,
 ) -> Result<Vec<Doc>, ManifestError> {
-    split_documents(text)
-        .into_iter()
+    process_for(
+        inj,
+        text,
+        &Target {
+            namespace,
+            namespace_labels: None,
+        },
+    )
+}
+
+/// [`process`], with namespace labels: from the input's Namespace documents, else from
+/// `target`. They decide namespace opt-in and revision as the chart's webhook entries would.
+pub fn process_for(
+    inj: &Injector,
+    text: &str,
+    target: &Target<'_>,
+) -> Result<Vec<Doc>, ManifestError> {
+    let docs = split_documents(text);
+    let mut values = Vec::with_capacity(docs.len());
+    for (i, source) in docs.iter().enumerate() {
+        let value = serde_saphyr::from_str::<Option<Value>>(source)
+            .map_err(|e| ManifestError::Yaml {
+                index: i + 1,
+                message: e.to_string(),
+            })?
+            .unwrap_or(Value::Null);
+        values.push(value);
+    }
+    let namespaces: BTreeMap<String, BTreeMap<String, String>> = values
+        .iter()
+        .filter(|v| str_at(v, "/kind") == "Namespace" && str_at(v, "/apiVersion") == "v1")
+        .map(|v| {
+            let labels = v
+                .pointer("/metadata/labels")
+                .and_then(|l| serde_json::from_value(l.clone()).ok())
+                .unwrap_or_default();
+            (str_at(v, "/metadata/name").to_owned(), labels)
+        })
+        .collect();
+    docs.into_iter()
+        .zip(values)
         .enumerate()
-        .map(|(i, source)| process_one(inj, i + 1, source, namespace))
+        .map(|(i, (source, value))| process_one(inj, i + 1, source, value, target, &namespaces))
         .collect()
 }
 
@@ -138,7 +193,23 @@ pub fn inject(
     text: &str,
     namespace: Option<&str>,
 ) -> Result<String, ManifestError> {
-    let mut docs = process(inj, text, namespace)?;
+    inject_for(
+        inj,
+        text,
+        &Target {
+            namespace,
+            namespace_labels: None,
+        },
+    )
+}
+
+/// [`inject`] with namespace labels (see [`process_for`]).
+pub fn inject_for(
+    inj: &Injector,
+    text: &str,
+    target: &Target<'_>,
+) -> Result<String, ManifestError> {
+    let mut docs = process_for(inj, text, target)?;
     if let Some(index) = docs
         .iter()
         .position(|d| d.namespace_guessed && d.output.is_some())
@@ -172,8 +243,11 @@ fn process_one(
     inj: &Injector,
     index: usize,
     source: &str,
-    namespace: Option<&str>,
+    value: Value,
+    target: &Target<'_>,
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
 ) -> Result<Doc, ManifestError> {
+    let namespace = target.namespace;
     let passthrough = |id: String| Doc {
         source: source.to_owned(),
         id,
@@ -181,12 +255,6 @@ fn process_one(
         output: None,
         namespace_guessed: false,
     };
-    let value: Value = serde_saphyr::from_str::<Option<Value>>(source)
-        .map_err(|e| ManifestError::Yaml {
-            index,
-            message: e.to_string(),
-        })?
-        .unwrap_or(Value::Null);
     let (kind, api_version) = (str_at(&value, "/kind"), str_at(&value, "/apiVersion"));
     let name = match str_at(&value, "/metadata/name") {
         "" => str_at(&value, "/metadata/generateName"),
@@ -207,10 +275,23 @@ fn process_one(
     })?;
     let own = Some(str_at(&value, "/metadata/namespace")).filter(|ns| !ns.is_empty());
     let namespace_guessed = own.is_none() && namespace.is_none();
-    let facts = PodFacts::new(&pod, own.or(namespace));
+    let mut facts = PodFacts::new(&pod, own.or(namespace));
+    facts.namespace_labels = namespaces
+        .get(facts.namespace)
+        .or(target.namespace_labels.as_ref());
+    if !tokens.is_empty() {
+        // In the cluster the pod's controller is this workload (for a Deployment, through its
+        // ReplicaSet), so templates see it as `pod.owner`.
+        facts.workload = Some(Owner {
+            kind: kind.to_owned(),
+            name: str_at(&value, "/metadata/name").to_owned(),
+        });
+    }
     let outcome = match decide(inj, &facts) {
         Err(error) => DocOutcome::Failed(error),
-        Ok(Decision::NotOptedIn) => DocOutcome::NotOptedIn,
+        Ok(Decision::NotOptedIn) => {
+            DocOutcome::NotOptedIn(opt_in(inj, &facts).err().unwrap_or_default())
+        }
         Ok(Decision::Skip(reason)) => DocOutcome::Skipped(reason),
         Ok(Decision::Inject(plan)) => {
             let templates = plan.templates.iter().map(|t| t.name.clone()).collect();
@@ -218,7 +299,11 @@ fn process_one(
             if edits.is_empty() {
                 DocOutcome::AlreadyInjected { templates }
             } else {
-                DocOutcome::Injected { templates, edits }
+                DocOutcome::Injected {
+                    entry: plan.entry,
+                    templates,
+                    edits,
+                }
             }
         }
     };

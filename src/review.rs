@@ -8,7 +8,9 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde::Deserialize;
 
 use crate::config::{Injector, ValidationMode};
-use crate::inject::{Decision, InjectError, PodFacts, decide, plan_edits, to_patch};
+use crate::inject::{
+    Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits, to_patch,
+};
 use crate::validate::{denial_message, findings};
 
 /// Which webhook a review is for.
@@ -87,8 +89,35 @@ pub enum ReviewError {
 
 const VERSIONS: [&str; 2] = ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"];
 
-/// Answers one AdmissionReview body for `webhook`.
+/// The paths the server answers on: the webhook, and the chart's entry that calls it (which
+/// selectors the API server matched: see [`Entry`]).
+pub const PATHS: [(&str, Webhook, Entry); 4] = [
+    ("/mutate", Webhook::Mutate, Entry::Pod),
+    ("/validate", Webhook::Validate, Entry::Pod),
+    ("/mutate/namespace", Webhook::Mutate, Entry::Namespace),
+    ("/validate/namespace", Webhook::Validate, Entry::Namespace),
+];
+
+/// The webhook and entry a path stands for.
+pub fn route(path: &str) -> Option<(Webhook, Entry)> {
+    PATHS
+        .iter()
+        .find(|(p, _, _)| *p == path)
+        .map(|(_, webhook, entry)| (*webhook, *entry))
+}
+
+/// Answers one AdmissionReview body for `webhook`, sent by the pod-label entry.
 pub fn answer(inj: &Injector, webhook: Webhook, body: &[u8]) -> Result<Answer, ReviewError> {
+    answer_for(inj, webhook, Entry::Pod, body)
+}
+
+/// Answers one AdmissionReview body for `webhook`, sent by `entry`.
+pub fn answer_for(
+    inj: &Injector,
+    webhook: Webhook,
+    entry: Entry,
+    body: &[u8],
+) -> Result<Answer, ReviewError> {
     let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(error) => return refuse_unreadable(body, &error),
@@ -104,8 +133,8 @@ pub fn answer(inj: &Injector, webhook: Webhook, body: &[u8]) -> Result<Answer, R
         operation: format!("{:?}", req.operation).to_uppercase(),
     };
     let (response, outcome) = match webhook {
-        Webhook::Mutate => mutate(inj, &req),
-        Webhook::Validate => validate(inj, &req),
+        Webhook::Mutate => mutate(inj, entry, &req),
+        Webhook::Validate => validate(inj, entry, &req),
     };
     Ok(Answer {
         body: encode(response),
@@ -227,7 +256,7 @@ fn warn(mut response: AdmissionResponse, warnings: Vec<String>) -> AdmissionResp
 
 fn inject_error(response: AdmissionResponse, error: &InjectError) -> (AdmissionResponse, Outcome) {
     match error {
-        InjectError::UnknownTemplate { .. } => (
+        InjectError::UnknownTemplate { .. } | InjectError::BadOverride { .. } => (
             deny(
                 response,
                 400,
@@ -248,7 +277,11 @@ fn inject_error(response: AdmissionResponse, error: &InjectError) -> (AdmissionR
     }
 }
 
-fn mutate(inj: &Injector, req: &AdmissionRequest<Pod>) -> (AdmissionResponse, Outcome) {
+fn mutate(
+    inj: &Injector,
+    entry: Entry,
+    req: &AdmissionRequest<Pod>,
+) -> (AdmissionResponse, Outcome) {
     let response = AdmissionResponse::from(req);
     if req.operation != Operation::Create || !is_pod(req) {
         return (response, Outcome::Allowed);
@@ -264,7 +297,7 @@ fn mutate(inj: &Injector, req: &AdmissionRequest<Pod>) -> (AdmissionResponse, Ou
             Outcome::Error,
         );
     };
-    let facts = PodFacts::new(pod, req.namespace.as_deref());
+    let facts = PodFacts::new(pod, req.namespace.as_deref()).with_entry(entry);
     match decide(inj, &facts) {
         Err(error) => inject_error(response, &error),
         Ok(Decision::NotOptedIn) => (response, Outcome::Allowed),
@@ -312,7 +345,11 @@ fn mutate(inj: &Injector, req: &AdmissionRequest<Pod>) -> (AdmissionResponse, Ou
     }
 }
 
-fn validate(inj: &Injector, req: &AdmissionRequest<Pod>) -> (AdmissionResponse, Outcome) {
+fn validate(
+    inj: &Injector,
+    entry: Entry,
+    req: &AdmissionRequest<Pod>,
+) -> (AdmissionResponse, Outcome) {
     let response = AdmissionResponse::from(req);
     let checked = matches!(req.operation, Operation::Create | Operation::Update);
     let Some(pod) = req.object.as_ref().filter(|_| checked && is_pod(req)) else {
@@ -322,17 +359,37 @@ fn validate(inj: &Injector, req: &AdmissionRequest<Pod>) -> (AdmissionResponse, 
     if pod.metadata.deletion_timestamp.is_some() {
         return (response, Outcome::Allowed);
     }
-    let problems = match problems(inj, pod, req.namespace.as_deref()) {
+    // A pod another revision injected, and that this update does not change in that respect,
+    // was checked by that revision when it was created; this revision's templates are not its
+    // own (its namespace was moved to this revision since). It is admitted, and told how to move.
+    if let (Operation::Update, Some(old)) = (&req.operation, &req.old_object) {
+        let other = |p: &Pod| {
+            status_of(inj, p)
+                .map(|s| s.revision)
+                .filter(|r| *r != inj.config.revision)
+        };
+        if let Some(revision) = other(pod).filter(|r| other(old).as_ref() == Some(r)) {
+            let warning = format!(
+                "sidecar-injector: this pod was injected by {}; {} checks only the pods it injected. Restart the pod's workload to inject it with this revision",
+                revision_name(&revision),
+                revision_name(&inj.config.revision)
+            );
+            return (warn(response, vec![warning]), Outcome::Allowed);
+        }
+    }
+    let problems = match problems(inj, entry, pod, req.namespace.as_deref()) {
         Ok(p) if p.is_empty() => return (response, Outcome::Allowed),
         Ok(p) => p,
-        Err(error @ InjectError::UnknownTemplate { .. }) => vec![error.to_string()],
+        Err(error @ (InjectError::UnknownTemplate { .. } | InjectError::BadOverride { .. })) => {
+            vec![error.to_string()]
+        }
         Err(error) => return inject_error(response, &error),
     };
     // On UPDATE, only problems the update introduces are refused: a pod that was already
     // inconsistent (created before the injector, or before a template changed) stays updatable.
     let (new, old): (Vec<String>, Vec<String>) = match (&req.operation, &req.old_object) {
         (Operation::Update, Some(old)) => {
-            let before = problems_or_none(inj, old, req.namespace.as_deref());
+            let before = problems_or_none(inj, entry, old, req.namespace.as_deref());
             problems.into_iter().partition(|p| !before.contains(p))
         }
         _ => (problems, Vec::new()),
@@ -367,19 +424,41 @@ fn validate(inj: &Injector, req: &AdmissionRequest<Pod>) -> (AdmissionResponse, 
     }
 }
 
+fn status_of(inj: &Injector, pod: &Pod) -> Option<InjectStatus> {
+    let value = pod
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(&inj.config.status_annotation)?;
+    serde_json::from_str(value).ok()
+}
+
+fn revision_name(revision: &str) -> String {
+    match revision {
+        "" => "the default revision of sidecar-injector".into(),
+        r => format!("sidecar-injector revision {r:?}"),
+    }
+}
+
 fn problems(
     inj: &Injector,
+    entry: Entry,
     pod: &Pod,
     namespace: Option<&str>,
 ) -> Result<Vec<String>, InjectError> {
-    match decide(inj, &PodFacts::new(pod, namespace))? {
+    match decide(inj, &PodFacts::new(pod, namespace).with_entry(entry))? {
         Decision::Inject(plan) => Ok(findings(inj, pod, &plan)),
         Decision::NotOptedIn | Decision::Skip(_) => Ok(Vec::new()),
     }
 }
 
-fn problems_or_none(inj: &Injector, pod: &Pod, namespace: Option<&str>) -> Vec<String> {
-    match problems(inj, pod, namespace) {
+fn problems_or_none(
+    inj: &Injector,
+    entry: Entry,
+    pod: &Pod,
+    namespace: Option<&str>,
+) -> Vec<String> {
+    match problems(inj, entry, pod, namespace) {
         Ok(p) => p,
         Err(e) => vec![e.to_string()],
     }

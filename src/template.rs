@@ -10,6 +10,7 @@ use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TEMPLATE_SUFFIX;
+use crate::overrides::{self, BadValue, Declared};
 
 /// What one template adds to a pod once rendered.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -54,7 +55,8 @@ impl Fragment {
     }
 }
 
-/// The pod as templates see it.
+/// The pod as templates see it: a projection of the pod that reads the same in the mutating
+/// and the validating webhook (see [`crate::inject`] for how it is built).
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodContext<'a> {
@@ -62,9 +64,34 @@ pub struct PodContext<'a> {
     pub name: &'a str,
     pub generate_name: &'a str,
     pub namespace: &'a str,
-    pub labels: &'a BTreeMap<String, String>,
-    pub annotations: &'a BTreeMap<String, String>,
+    /// Without the keys the templates set themselves.
+    pub labels: BTreeMap<&'a str, &'a str>,
+    /// Without the status annotation and the keys the templates set themselves.
+    pub annotations: BTreeMap<&'a str, &'a str>,
     pub service_account: &'a str,
+    /// The pod's spec as the application declared it (see [`crate::inject`]).
+    pub spec: serde_json::Value,
+    /// The controlling workload.
+    pub owner: Owner,
+}
+
+/// The workload that controls a pod: a Deployment rather than its ReplicaSet. Empty strings for
+/// a pod nothing controls.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct Owner {
+    pub kind: String,
+    pub name: String,
+}
+
+/// What the templates of a set put on a pod under names that do not depend on the pod: the
+/// names of their sidecars and volumes and the keys of their labels and annotations. The
+/// template context leaves these out, so a pod reads the same before and after injection.
+#[derive(Clone, Debug, Default)]
+pub struct Owned {
+    pub sidecars: BTreeSet<String>,
+    pub volumes: BTreeSet<String>,
+    pub labels: BTreeSet<String>,
+    pub annotations: BTreeSet<String>,
 }
 
 /// A template that failed to compile, render or parse.
@@ -78,6 +105,8 @@ pub enum TemplateError {
     Fragment { file: String, detail: String },
     #[error("template {file}: {detail}")]
     Invalid { file: String, detail: String },
+    #[error("template {file}: {detail}")]
+    Overrides { file: String, detail: String },
     #[error("templates {first} and {second} both inject a container named {container:?}")]
     Conflict {
         first: String,
@@ -92,9 +121,13 @@ pub struct TemplateSet {
     names: BTreeSet<String>,
     values: Value,
     cache: RenderCache,
+    /// The annotations each template declares it reads.
+    overrides: BTreeMap<String, Declared>,
+    owned: Owned,
 }
 
-/// Rendered fragments by template and pod context. Rendering is a pure function of the two,
+/// Rendered fragments by template, pod context and overrides. Rendering is a pure function of
+/// the three (the context is all of the pod a template can read),
 /// and every replica of a workload has the same context (its name is empty under
 /// `generateName`), so most reviews skip both the rendering and the YAML parsing.
 #[derive(Default)]
@@ -102,7 +135,7 @@ struct RenderCache {
     entries: std::sync::Mutex<std::collections::HashMap<CacheKey, Arc<Fragment>>>,
 }
 
-/// Template name and the serialized pod context.
+/// Template name and the serialized pod context and overrides.
 type CacheKey = (String, Vec<u8>);
 
 /// Bound on cached renderings; the cache starts over when it is full.
@@ -167,6 +200,7 @@ impl TemplateSet {
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_keep_trailing_newline(true);
         let mut names = BTreeSet::new();
+        let mut declared = BTreeMap::new();
         for (name, source) in sources {
             let file = file_name(&name);
             if name.is_empty() || name.contains([',', '/', ' ']) {
@@ -175,6 +209,12 @@ impl TemplateSet {
                     detail: "a template name must be non-empty without ',', '/' or spaces".into(),
                 });
             }
+            let header =
+                overrides::declared(&source).map_err(|detail| TemplateError::Overrides {
+                    file: file.clone(),
+                    detail,
+                })?;
+            declared.insert(name.clone(), header);
             env.add_template_owned(file.clone(), source)
                 .map_err(|e| TemplateError::Compile {
                     file,
@@ -182,32 +222,86 @@ impl TemplateSet {
                 })?;
             names.insert(name);
         }
-        let set = Self {
+        let mut set = Self {
             env,
             names,
             values: Value::from_serialize(values),
             cache: RenderCache::default(),
+            overrides: declared,
+            owned: Owned::default(),
         };
-        set.check_samples()?;
+        set.owned = set.check_samples()?;
         Ok(set)
     }
 
-    fn check_samples(&self) -> Result<(), TemplateError> {
+    /// Renders every template for two sample pods, one bare and one with ports, labels and an
+    /// owner. Both must render; container names must be unique; and what [`Owned`] records
+    /// must not differ between the two, since the context leaves it out by name.
+    fn check_samples(&self) -> Result<Owned, TemplateError> {
         let empty = BTreeMap::new();
-        let sample = PodContext {
+        let bare = PodContext {
             name: "example",
             generate_name: "",
             namespace: "default",
-            labels: &empty,
-            annotations: &empty,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
             service_account: "default",
+            spec: serde_json::json!({"containers": [{"name": "app", "image": "example:1"}]}),
+            owner: Owner::default(),
         };
+        let busy = PodContext {
+            name: "",
+            generate_name: "web-7d4b9c-",
+            namespace: "shop",
+            labels: [("app", "web"), ("pod-template-hash", "7d4b9c")].into(),
+            annotations: [("example.com/note", "x")].into(),
+            service_account: "web",
+            spec: serde_json::json!({"containers": [
+                {"name": "app", "image": "example:1", "ports": [
+                    {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+                    {"containerPort": 9090, "protocol": "TCP"},
+                    {"name": "dns", "containerPort": 53, "protocol": "UDP"}]},
+                {"name": "worker", "image": "example:1", "ports": [{"containerPort": 8443}]}
+            ]}),
+            owner: Owner {
+                kind: "Deployment".into(),
+                name: "web".into(),
+            },
+        };
+        let mut owned = Owned::default();
         let mut owner: BTreeMap<String, String> = BTreeMap::new();
         for name in &self.names {
-            let fragment = self.render(name, &sample)?;
             let file = file_name(name);
+            let defaults =
+                self.overrides_for(name, &empty)
+                    .map_err(|e| TemplateError::Overrides {
+                        file: file.clone(),
+                        detail: e.to_string(),
+                    })?;
+            let first = self.render(name, &bare, &defaults)?;
+            let second = self.render(name, &busy, &defaults)?;
+            let keys = |f: &Fragment| {
+                (
+                    f.sidecar_names()
+                        .map(str::to_owned)
+                        .collect::<BTreeSet<_>>(),
+                    f.volumes
+                        .iter()
+                        .map(|v| v.name.clone())
+                        .collect::<BTreeSet<_>>(),
+                    f.labels.keys().cloned().collect::<BTreeSet<_>>(),
+                    f.annotations.keys().cloned().collect::<BTreeSet<_>>(),
+                )
+            };
+            let static_keys = keys(&first);
+            if static_keys != keys(&second) {
+                return Err(TemplateError::Invalid {
+                    file,
+                    detail: "the names of its containers and volumes and the keys of its labels and annotations must not depend on the pod".into(),
+                });
+            }
             let mut seen = BTreeSet::new();
-            for c in fragment.sidecar_names() {
+            for c in first.sidecar_names() {
                 if c.is_empty() {
                     return Err(TemplateError::Invalid {
                         file,
@@ -228,16 +322,42 @@ impl TemplateSet {
                     });
                 }
             }
-            for v in &fragment.volumes {
-                if v.name.is_empty() {
-                    return Err(TemplateError::Invalid {
-                        file,
-                        detail: "a volume has no name".into(),
-                    });
-                }
+            if static_keys.1.contains("") {
+                return Err(TemplateError::Invalid {
+                    file,
+                    detail: "a volume has no name".into(),
+                });
             }
+            let (sidecars, volumes, labels, annotations) = static_keys;
+            owned.sidecars.extend(sidecars);
+            owned.volumes.extend(volumes);
+            owned.labels.extend(labels);
+            owned.annotations.extend(annotations);
         }
-        Ok(())
+        Ok(owned)
+    }
+
+    /// What the templates put on pods under fixed names (see [`Owned`]).
+    pub fn owned(&self) -> &Owned {
+        &self.owned
+    }
+
+    /// The annotations template `name` declares it reads.
+    pub fn declared(&self, name: &str) -> Option<&Declared> {
+        self.overrides.get(name)
+    }
+
+    /// The overrides template `name` sees for a pod with these annotations: its values, checked,
+    /// or the defaults.
+    pub fn overrides_for(
+        &self,
+        name: &str,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, serde_json::Value>, BadValue> {
+        match self.overrides.get(name) {
+            Some(declared) => overrides::resolve(declared, annotations),
+            None => Ok(BTreeMap::new()),
+        }
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -248,19 +368,33 @@ impl TemplateSet {
         self.names.iter().map(String::as_str)
     }
 
-    /// Renders one template for a pod.
-    pub fn render(&self, name: &str, pod: &PodContext<'_>) -> Result<Arc<Fragment>, TemplateError> {
-        // The context serialized is the cache key: equal bytes, equal rendering.
-        let key = (name.to_owned(), serde_json::to_vec(pod).unwrap_or_default());
+    /// Renders one template for a pod, with its checked overrides ([`Self::overrides_for`]).
+    pub fn render(
+        &self,
+        name: &str,
+        pod: &PodContext<'_>,
+        overrides: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Arc<Fragment>, TemplateError> {
+        // Everything the template can read, serialized, is the cache key: equal bytes, equal
+        // rendering (`values` belong to the set, which is rebuilt when they change).
+        let key = (
+            name.to_owned(),
+            serde_json::to_vec(&(pod, overrides)).unwrap_or_default(),
+        );
         if let Some(fragment) = self.cache.get(&key) {
             return Ok(fragment);
         }
-        let fragment = Arc::new(self.render_uncached(name, pod)?);
+        let fragment = Arc::new(self.render_uncached(name, pod, overrides)?);
         self.cache.put(key, fragment.clone());
         Ok(fragment)
     }
 
-    fn render_uncached(&self, name: &str, pod: &PodContext<'_>) -> Result<Fragment, TemplateError> {
+    fn render_uncached(
+        &self,
+        name: &str,
+        pod: &PodContext<'_>,
+        overrides: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<Fragment, TemplateError> {
         let file = file_name(name);
         let template = self
             .env
@@ -269,7 +403,11 @@ impl TemplateSet {
                 file: file.clone(),
                 detail: describe(&e),
             })?;
-        let ctx = minijinja::context! { pod => Value::from_serialize(pod), values => self.values.clone() };
+        let ctx = minijinja::context! {
+            pod => Value::from_serialize(pod),
+            values => self.values.clone(),
+            overrides => Value::from_serialize(overrides),
+        };
         let text = template.render(ctx).map_err(|e| TemplateError::Render {
             file: file.clone(),
             detail: describe(&e),
@@ -292,6 +430,7 @@ impl TemplateSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn compile(src: &str) -> Result<TemplateSet, TemplateError> {
         TemplateSet::compile(vec![("t".into(), src.into())], &BTreeMap::new())
@@ -333,31 +472,81 @@ mod tests {
         assert!(matches!(err, TemplateError::Conflict { .. }), "{err}");
     }
 
+    fn ctx<'a>(namespace: &'a str, spec: serde_json::Value) -> PodContext<'a> {
+        PodContext {
+            name: "",
+            generate_name: "web-",
+            namespace,
+            labels: BTreeMap::new(),
+            annotations: BTreeMap::new(),
+            service_account: "default",
+            spec,
+            owner: Owner::default(),
+        }
+    }
+
     #[test]
     fn equal_contexts_share_one_rendering() {
         let set = compile(
             "containers:\n  - name: c\n    image: img:1\n    args: [\"{{ pod.namespace }}\"]\n",
         )
         .expect("compiles");
-        let labels = BTreeMap::new();
-        let pod = |namespace| PodContext {
-            name: "",
-            generate_name: "web-",
-            namespace,
-            labels: &labels,
-            annotations: &labels,
-            service_account: "default",
-        };
-        let first = set.render("t", &pod("a")).expect("renders");
-        let again = set.render("t", &pod("a")).expect("renders");
+        let none = BTreeMap::new();
+        let first = set
+            .render("t", &ctx("a", json!({})), &none)
+            .expect("renders");
+        let again = set
+            .render("t", &ctx("a", json!({})), &none)
+            .expect("renders");
         assert!(
             Arc::ptr_eq(&first, &again),
             "same context must hit the cache"
         );
-        let other = set.render("t", &pod("b")).expect("renders");
+        let other = set
+            .render("t", &ctx("b", json!({})), &none)
+            .expect("renders");
         assert_eq!(
             other.containers[0].args.as_deref(),
             Some(&["b".to_owned()][..])
+        );
+    }
+
+    /// The cache key covers everything a template reads: the spec and the overrides too.
+    #[test]
+    fn the_cache_tells_apart_what_templates_read() {
+        let set = compile(
+            "{# overrides:\n  example.com/level: {type: string, default: info}\n#}\ncontainers:\n  - name: c\n    image: img:1\n    args: [{{ overrides[\"example.com/level\"] | tojson }}{% for c in pod.spec.containers %}{% for p in c.ports | default([]) %}, \"{{ p.containerPort }}\"{% endfor %}{% endfor %}]\n",
+        )
+        .expect("compiles");
+        let args = |spec: serde_json::Value, level: &str| {
+            let overrides = [("example.com/level".to_owned(), json!(level))].into();
+            set.render("t", &ctx("a", spec), &overrides)
+                .expect("renders")
+                .containers[0]
+                .args
+                .clone()
+                .unwrap_or_default()
+        };
+        let no_ports = json!({"containers": [{"name": "app"}]});
+        let ports = json!({"containers": [{"name": "app", "ports": [{"containerPort": 8080}]}]});
+        assert_eq!(args(no_ports.clone(), "info"), ["info"]);
+        assert_eq!(args(ports.clone(), "info"), ["info", "8080"]);
+        assert_eq!(args(ports, "debug"), ["debug", "8080"]);
+        assert_eq!(args(no_ports, "info"), ["info"]);
+    }
+
+    #[test]
+    fn names_that_depend_on_the_pod_are_refused() {
+        let err = compile("containers:\n  - name: c-{{ pod.namespace }}\n    image: x:1\n")
+            .expect_err("name depends on the namespace");
+        assert!(
+            err.to_string().contains("must not depend on the pod"),
+            "{err}"
+        );
+        let err = compile("annotations:\n  \"{{ pod.owner.kind }}\": x\n").expect_err("key");
+        assert!(
+            err.to_string().contains("must not depend on the pod"),
+            "{err}"
         );
     }
 
@@ -367,16 +556,9 @@ mod tests {
             "containers:\n  - name: c\n    image: img:1\n    args: [{{ pod.namespace | tojson }}, \"{{ pod.generateName }}\"]\n",
         )
         .expect("compiles");
-        let labels = BTreeMap::new();
-        let pod = PodContext {
-            name: "",
-            generate_name: "web-",
-            namespace: "team: a",
-            labels: &labels,
-            annotations: &labels,
-            service_account: "default",
-        };
-        let f = set.render("t", &pod).expect("renders");
+        let f = set
+            .render("t", &ctx("team: a", json!({})), &BTreeMap::new())
+            .expect("renders");
         assert_eq!(
             f.containers[0].args.as_deref(),
             Some(&["team: a".to_owned(), "web-".to_owned()][..])

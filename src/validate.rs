@@ -107,6 +107,11 @@ pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
         None => out.push(format!(
             "annotation {key} is missing: the pod did not pass through the sidecar injector"
         )),
+        Some(Ok(status)) if status.revision != inj.config.revision => out.push(format!(
+            "annotation {key} says {} injected the pod, but it belongs to {}",
+            revision_words(&status.revision),
+            revision_words(&inj.config.revision)
+        )),
         Some(Ok(status)) if status.templates == wanted => {}
         Some(Ok(status)) => out.push(format!(
             "annotation {key} lists templates [{}] but the pod asks for [{}]",
@@ -119,6 +124,13 @@ pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
         )),
     }
     out
+}
+
+fn revision_words(revision: &str) -> String {
+    match revision {
+        "" => "the default revision".into(),
+        r => format!("revision {r:?}"),
+    }
 }
 
 /// The owned fields that differ between what the template renders and what the pod carries.

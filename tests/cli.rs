@@ -319,7 +319,7 @@ fn explain_gives_every_reason() {
         "Pod/host: not injected: opted in, but hostNetwork pods are skipped",
         "Pod/windows: not injected: opted in, but Windows pods are skipped",
         "Pod/typo: cannot be injected: annotation sidecar-injector.io/templates asks for template \"tracing\", which does not exist",
-        "Pod/fresh: injected with [log-shipper, proxy]; it would get:",
+        "Pod/fresh: injected with [log-shipper, proxy] (opted in by the pod's label sidecar-injector.io/inject=\"true\"); it would get:",
         "  + init container proxy (docker.io/envoyproxy/envoy:v1.32.3) as a native sidecar",
         "  + container log-shipper (cr.fluentbit.io/fluent/fluent-bit:3.2.4)",
         "  + volume sidecar-logs",

@@ -6,7 +6,8 @@
 //! which is sent as a v1 CREATE review. The file name picks the few things a review cannot say:
 //! - `deny/mutate-*`: answered by the mutating webhook (all other `deny/` files: the validator);
 //! - `warn-mode-*`: the default configuration with `validation.mode: warn`;
-//! - `tilde-*`: a configuration whose keys contain `/` and `~` (see [`tilde_injector`]).
+//! - `tilde-*`: a configuration whose keys contain `/` and `~` (see [`tilde_injector`]);
+//! - `canary-*`: the default configuration with `revision: canary`.
 //!
 //! Every injector runs as if deployed in the namespace `sidecar-injector`.
 
@@ -18,8 +19,8 @@ use k8s_openapi::api::core::v1::Pod;
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
-use sidecar_injector::inject::{Decision, PodFacts, decide, plan_edits};
-use sidecar_injector::review::{Outcome, Webhook, answer};
+use sidecar_injector::inject::{Decision, Entry, PodFacts, decide, plan_edits};
+use sidecar_injector::review::{Outcome, Webhook, answer, answer_for};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
 
@@ -83,6 +84,18 @@ fn tilde_injector() -> Injector {
         .expect("tilde configuration loads")
 }
 
+/// The default configuration as revision `canary`.
+fn canary_injector() -> Injector {
+    let config = default_config_with(&[("revision: \"\"", "revision: canary")]);
+    Injector::from_sources(
+        "canary.yaml",
+        &config,
+        bundled_templates(),
+        Some(OWN_NAMESPACE.into()),
+    )
+    .expect("canary configuration loads")
+}
+
 fn file_name(path: &Path) -> &str {
     path.file_name().and_then(|n| n.to_str()).unwrap_or("")
 }
@@ -93,6 +106,8 @@ fn injector_for(path: &Path) -> Injector {
         warn_injector()
     } else if name.starts_with("tilde-") {
         tilde_injector()
+    } else if name.starts_with("canary-") {
+        canary_injector()
     } else {
         embedded()
     }
@@ -314,14 +329,19 @@ fn check_inject(inj: &Injector, request: &Value, outcome: Outcome, decoded: &Val
     problems
 }
 
-fn is_opted_in_pod_create(request: &Value) -> bool {
+/// A pod creation this installation is asked for: the pod opts in and names its revision
+/// (none for the default revision).
+fn is_opted_in_pod_create(inj: &Injector, request: &Value) -> bool {
     let req = &request["request"];
+    let labels = &req["object"]["metadata"]["labels"];
     req["operation"] == "CREATE"
         && req["kind"]["kind"] == "Pod"
-        && req["object"]["metadata"]["labels"]["sidecar-injector.io/inject"] == "true"
+        && labels["sidecar-injector.io/inject"] == "true"
+        && labels["sidecar-injector.io/rev"].as_str().unwrap_or("") == inj.config.revision
 }
 
 fn check_skip(
+    inj: &Injector,
     request: &Value,
     mutate: (Outcome, &Value),
     validate: (Outcome, &Value),
@@ -336,7 +356,7 @@ fn check_skip(
     }
     let (outcome, decoded) = mutate;
     let response = &decoded["response"];
-    if is_opted_in_pod_create(request) {
+    if is_opted_in_pod_create(inj, request) {
         // Opted in but skipped by a rule: the person who applied it is told why.
         let warned = response["warnings"]
             .as_array()
@@ -426,7 +446,7 @@ fn skip() {
         let request = load_review(path);
         let (m_outcome, mutate) = ask(&inj, Webhook::Mutate, &request);
         let (v_outcome, validate) = ask(&inj, Webhook::Validate, &request);
-        let problems = check_skip(&request, (m_outcome, &mutate), (v_outcome, &validate));
+        let problems = check_skip(&inj, &request, (m_outcome, &mutate), (v_outcome, &validate));
         (json!({"mutate": mutate, "validate": validate}), problems)
     });
 }
@@ -632,5 +652,357 @@ fn a_service_account_named_null_reaches_the_proxy() {
         proxy_of(&patched)["env"],
         json!([{"name": "SERVICE_ACCOUNT", "value": "null"}]),
         "{patched:#}"
+    );
+}
+
+// === The whole pod in the context ===
+
+/// The proxy's `--config-yaml` argument, parsed.
+fn proxy_config(patched: &Value) -> Value {
+    let args = proxy_of(patched)["args"].clone();
+    let position = args
+        .as_array()
+        .and_then(|a| a.iter().position(|v| v == "--config-yaml"))
+        .expect("the proxy has --config-yaml");
+    serde_json::from_str(args[position + 1].as_str().expect("a string")).expect("valid JSON")
+}
+
+/// The proxy routes to the application's declared TCP ports, each once, and to nothing when
+/// there are none (one listener that closes connections, so its startup probe still passes).
+#[test]
+fn the_proxy_routes_to_the_declared_ports() {
+    let inj = embedded();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/inputs/inject/proxy-routes-app-ports.yaml");
+    let request = load_review(&path);
+    let (_, decoded) = ask(&inj, Webhook::Mutate, &request);
+    let stored = patched(&request, &decoded).expect("patch applies");
+    let config = proxy_config(&stored);
+    let clusters: Vec<u64> = config["static_resources"]["clusters"]
+        .as_array()
+        .expect("clusters")
+        .iter()
+        .map(|c| {
+            c["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+                ["socket_address"]["port_value"]
+                .as_u64()
+                .expect("a port")
+        })
+        .collect();
+    assert_eq!(clusters, [8080, 9090, 9100]);
+    let listeners: Vec<u64> = config["static_resources"]["listeners"]
+        .as_array()
+        .expect("listeners")
+        .iter()
+        .map(|l| {
+            l["address"]["socket_address"]["port_value"]
+                .as_u64()
+                .expect("port")
+        })
+        .collect();
+    assert_eq!(listeners, [15001, 15002, 15003]);
+    let proxy = proxy_of(&stored);
+    let ports: Vec<&Value> = proxy["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| &p["containerPort"])
+        .collect();
+    assert_eq!(ports, [15001, 15002, 15003]);
+
+    let request = create_review(
+        "7a6b5c4d-3e2f-4a1b-9c8d-7e6f5a4b3c2d",
+        simple_pod("shop", "default"),
+    );
+    let (_, decoded) = ask(&inj, Webhook::Mutate, &request);
+    let patched = patched(&request, &decoded).expect("patch applies");
+    let config = proxy_config(&patched);
+    assert_eq!(config["static_resources"]["clusters"], json!([]));
+    let listeners = &config["static_resources"]["listeners"];
+    assert_eq!(listeners.as_array().map(Vec::len), Some(1), "{config:#}");
+    assert_eq!(
+        listeners[0]["address"]["socket_address"]["port_value"],
+        15001
+    );
+    assert_eq!(
+        listeners[0]["filter_chains"][0]["filters"][0]["name"],
+        "envoy.filters.network.direct_response"
+    );
+}
+
+/// Everything the API server and other admission plugins change between our mutating call and
+/// our validating call, done to an injected pod: the ServiceAccount token volume and its mount
+/// (on every container, ours included), AlwaysPullImages, LimitRanger's resources,
+/// DefaultTolerationSeconds' tolerations, and another webhook's container with ports of its own
+/// and a volume. The validator renders exactly what the mutator rendered and admits the pod
+/// without a word; a reinvocation changes nothing.
+#[test]
+fn what_admission_adds_after_us_does_not_change_the_rendering() {
+    let inj = embedded();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/inputs/inject/proxy-routes-app-ports.yaml");
+    let request = load_review(&path);
+    let (_, decoded) = ask(&inj, Webhook::Mutate, &request);
+    let mut stored = patched(&request, &decoded).expect("patch applies");
+    let rendered = proxy_of(&stored);
+    let status = stored["metadata"]["annotations"]["sidecar-injector.io/status"].clone();
+
+    mount_service_account_token(&mut stored);
+    if stored["spec"]["volumes"].is_null() {
+        stored["spec"]["volumes"] = json!([]);
+    }
+    stored["spec"]["volumes"]
+        .as_array_mut()
+        .expect("volumes")
+        .push(
+            json!({"name": "kube-api-access-x7k2p", "projected": {"sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}),
+        );
+    stored["spec"]["volumes"]
+        .as_array_mut()
+        .expect("volumes")
+        .push(json!({"name": "vault-secrets", "emptyDir": {"medium": "Memory"}}));
+    stored["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+        .push(
+            json!({"name": "vault-agent", "image": "hashicorp/vault:1.18",
+            "ports": [{"containerPort": 8200, "protocol": "TCP"}]}),
+        );
+    for list in ["containers", "initContainers"] {
+        for c in stored["spec"][list].as_array_mut().into_iter().flatten() {
+            c["imagePullPolicy"] = json!("Always");
+            if c["resources"].is_null() {
+                c["resources"] = json!({"requests": {"cpu": "100m"}});
+            }
+        }
+    }
+    stored["spec"]["tolerations"] = json!([
+        {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+    ]);
+
+    let later = with_object(&request, &stored);
+    let (outcome, verdict) = ask(&inj, Webhook::Validate, &later);
+    assert_eq!(outcome, Outcome::Allowed, "{verdict:#}");
+    assert_eq!(verdict["response"].get("warnings"), None, "{verdict:#}");
+    // The validator rendered what the mutator rendered: the plan for the changed pod is the
+    // stored proxy and the stored status.
+    let pod: Pod = serde_json::from_value(stored.clone()).expect("a pod");
+    let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&pod, Some("shop"))) else {
+        panic!("the changed pod is still injected")
+    };
+    assert_eq!(plan.status, status.as_str().expect("a status"));
+    let proxy = plan.templates[0].fragment.init_containers[0].clone();
+    assert_eq!(json!(proxy.args), rendered["args"]);
+    assert_eq!(json!(proxy.ports), rendered["ports"]);
+    // The mutator called again (reinvocation) has nothing to add but the other webhook's
+    // container's env and mount.
+    let (_, again) = ask(&inj, Webhook::Mutate, &later);
+    let paths: Vec<&str> = again["response"]["patch"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|op| op["path"].as_str())
+        .collect();
+    assert!(
+        paths.iter().all(|p| p.starts_with("/spec/containers/2/")),
+        "{paths:?}"
+    );
+}
+
+/// A fresh rendering (no status yet) of the same pod with another webhook's container present
+/// does see it: only a rendering that already happened is frozen.
+#[test]
+fn a_first_rendering_sees_every_container_present() {
+    let inj = embedded();
+    let mut pod = simple_pod("shop", "default");
+    pod["spec"]["containers"][0]["ports"] = json!([{"containerPort": 8080}]);
+    pod["spec"]["containers"]
+        .as_array_mut()
+        .expect("containers")
+        .push(json!({"name": "side", "image": "x:1", "ports": [{"containerPort": 7000}]}));
+    let request = create_review("8b7c6d5e-4f3a-4b2c-8d9e-0f1a2b3c4d5e", pod);
+    let (_, decoded) = ask(&inj, Webhook::Mutate, &request);
+    let patched = patched(&request, &decoded).expect("patch applies");
+    assert_eq!(
+        proxy_config(&patched)["static_resources"]["clusters"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+}
+
+/// `pod.owner` names the Deployment of a ReplicaSet's pod (from its pod-template-hash), and
+/// the controller otherwise.
+#[test]
+fn templates_see_the_controlling_workload() {
+    let template =
+        "annotations:\n  example.com/owner: \"{{ pod.owner.kind }}/{{ pod.owner.name }}\"\n";
+    let config = default_config_with(&[(
+        "defaultTemplates: [log-shipper, proxy]",
+        "defaultTemplates: [owner]",
+    )]);
+    let inj = Injector::from_sources(
+        "owner.yaml",
+        &config,
+        vec![("owner".into(), template.into())],
+        None,
+    )
+    .expect("loads");
+    let owner_of = |owner: Value, hash: Option<&str>| {
+        let mut pod = simple_pod("shop", "default");
+        pod["metadata"]["ownerReferences"] = json!([owner]);
+        if let Some(hash) = hash {
+            pod["metadata"]["labels"]["pod-template-hash"] = json!(hash);
+        }
+        let request = create_review("9c8d7e6f-5a4b-4c3d-9e0f-1a2b3c4d5e6f", pod);
+        let (_, decoded) = ask(&inj, Webhook::Mutate, &request);
+        let patched = patched(&request, &decoded).expect("patch applies");
+        patched["metadata"]["annotations"]["example.com/owner"].clone()
+    };
+    let rs = |name: &str| json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": "u", "controller": true});
+    assert_eq!(owner_of(rs("web-7d4b9c"), Some("7d4b9c")), "Deployment/web");
+    assert_eq!(owner_of(rs("web-7d4b9c"), None), "ReplicaSet/web-7d4b9c");
+    assert_eq!(
+        owner_of(
+            json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "u", "controller": true}),
+            None
+        ),
+        "StatefulSet/db"
+    );
+    assert_eq!(
+        owner_of(
+            json!({"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "u"}),
+            None
+        ),
+        "/"
+    );
+}
+
+// === Overrides ===
+
+#[test]
+fn accepted_overrides_are_rendered() {
+    let inj = embedded();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/inputs/inject/proxy-overrides-accepted.yaml");
+    let request = load_review(&path);
+    let (_, decoded) = ask(&inj, Webhook::Mutate, &request);
+    let proxy = proxy_of(&patched(&request, &decoded).expect("patch applies"));
+    assert_eq!(
+        proxy["resources"]["requests"],
+        json!({"cpu": "250m", "memory": "128Mi"})
+    );
+    assert_eq!(proxy["args"][3], "debug");
+}
+
+/// The validator checks overrides too: a pod carrying a bad value is refused by both webhooks,
+/// with the same words.
+#[test]
+fn a_bad_override_is_refused_by_both_webhooks() {
+    let inj = embedded();
+    let mut pod = simple_pod("shop", "default");
+    pod["metadata"]["annotations"] = json!({"sidecar-injector.io/proxy-memory": "4Gi"});
+    let request = create_review("0d9e8f7a-6b5c-4d4e-8f0a-1b2c3d4e5f6a", pod);
+    for webhook in [Webhook::Mutate, Webhook::Validate] {
+        let (outcome, decoded) = ask(&inj, webhook, &request);
+        assert_eq!(outcome, Outcome::Denied, "{decoded:#}");
+        let message = decoded["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or("");
+        assert!(
+            message.contains(
+                "annotation sidecar-injector.io/proxy-memory: \"4Gi\" is not allowed: a memory quantity"
+            ) && message.contains("from 32Mi to 256Mi"),
+            "{message}"
+        );
+    }
+}
+
+// === Namespace opt-in and revisions ===
+
+fn ask_as(inj: &Injector, webhook: Webhook, entry: Entry, review: &Value) -> (Outcome, Value) {
+    let bytes = serde_json::to_vec(review).expect("review serializes");
+    let answer = answer_for(inj, webhook, entry, &bytes).expect("answered");
+    (answer.outcome, decode(&answer.body))
+}
+
+/// Sent by the namespace entry (`/mutate/namespace`), a pod without the label is injected and
+/// one saying "false" is not; the validator agrees on both.
+#[test]
+fn the_namespace_entry_injects_unless_the_pod_opts_out() {
+    let inj = embedded();
+    let mut pod = simple_pod("team-a", "default");
+    pod["metadata"]["labels"] = json!({"app": "web"});
+    let request = create_review("1e0f9a8b-7c6d-4e5f-9a0b-2c3d4e5f6a7b", pod.clone());
+    let (outcome, decoded) = ask_as(&inj, Webhook::Mutate, Entry::Namespace, &request);
+    assert_eq!(outcome, Outcome::Injected, "{decoded:#}");
+    let stored = patched(&request, &decoded).expect("patch applies");
+    let later = with_object(&request, &stored);
+    let (outcome, verdict) = ask_as(&inj, Webhook::Validate, Entry::Namespace, &later);
+    assert_eq!(outcome, Outcome::Allowed, "{verdict:#}");
+    assert_eq!(verdict["response"].get("warnings"), None, "{verdict:#}");
+    // Not injected, the pod is refused by the namespace entry's validator...
+    let (outcome, _) = ask_as(&inj, Webhook::Validate, Entry::Namespace, &request);
+    assert_eq!(outcome, Outcome::Denied);
+    // ...and the pod-label entry would not have touched it.
+    let (outcome, _) = ask_as(&inj, Webhook::Mutate, Entry::Pod, &request);
+    assert_eq!(outcome, Outcome::Allowed);
+
+    pod["metadata"]["labels"]["sidecar-injector.io/inject"] = json!("false");
+    let request = create_review("2f1a0b9c-8d7e-4f6a-8b1c-3d4e5f6a7b8c", pod);
+    for webhook in [Webhook::Mutate, Webhook::Validate] {
+        let (outcome, decoded) = ask_as(&inj, webhook, Entry::Namespace, &request);
+        assert_eq!(outcome, Outcome::Allowed, "{decoded:#}");
+        check_no_patch(&decoded, &mut Vec::new());
+        assert!(decoded["response"].get("patch").is_none());
+    }
+}
+
+/// A pod the canary revision injected, updated later when its namespace is already served by
+/// the default revision: admitted with a warning saying how to move it, never held to templates
+/// that are not its own. On creation, a status naming another revision is a finding.
+#[test]
+fn the_validator_checks_a_pod_against_the_revision_that_injected_it() {
+    let canary = canary_injector();
+    let default = embedded();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/inputs/inject/canary-pod-names-the-revision.yaml");
+    let request = load_review(&path);
+    let (_, decoded) = ask(&canary, Webhook::Mutate, &request);
+    let mut stored = patched(&request, &decoded).expect("patch applies");
+    let status: Value = serde_json::from_str(
+        stored["metadata"]["annotations"]["sidecar-injector.io/status"]
+            .as_str()
+            .expect("status"),
+    )
+    .expect("JSON");
+    assert_eq!(status["revision"], "canary");
+    let (outcome, _) = ask(&canary, Webhook::Validate, &with_object(&request, &stored));
+    assert_eq!(outcome, Outcome::Allowed);
+
+    stored["metadata"]["labels"]
+        .as_object_mut()
+        .expect("labels")
+        .remove("sidecar-injector.io/rev");
+    let mut update = with_object(&request, &stored);
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["oldObject"] = stored.clone();
+    let (outcome, verdict) = ask(&default, Webhook::Validate, &update);
+    assert_eq!(outcome, Outcome::Allowed, "{verdict:#}");
+    let warning = verdict["response"]["warnings"][0].as_str().unwrap_or("");
+    assert!(
+        warning.contains("injected by sidecar-injector revision \"canary\""),
+        "{warning}"
+    );
+
+    let (outcome, verdict) = ask(&default, Webhook::Validate, &with_object(&request, &stored));
+    assert_eq!(outcome, Outcome::Denied, "{verdict:#}");
+    let message = verdict["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        message.contains("says revision \"canary\" injected the pod"),
+        "{message}"
     );
 }

@@ -14,6 +14,7 @@ use hyper::body::Body;
 use tracing::field::Empty;
 
 use crate::config::Injector;
+use crate::inject::Entry;
 use crate::review::{self, Outcome, Webhook};
 use crate::server::metrics::Metrics;
 
@@ -77,16 +78,17 @@ where
     B: Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let webhook = match req.uri().path() {
-        "/mutate" => Webhook::Mutate,
-        "/validate" => Webhook::Validate,
-        path => {
-            return reject(
-                &state,
-                StatusCode::NOT_FOUND,
-                format!("no such path {path:?}; use /mutate or /validate"),
-            );
-        }
+    let Some((webhook, entry)) = review::route(req.uri().path()) else {
+        let paths: Vec<&str> = review::PATHS.iter().map(|(p, _, _)| *p).collect();
+        return reject(
+            &state,
+            StatusCode::NOT_FOUND,
+            format!(
+                "no such path {:?}; use {}",
+                req.uri().path(),
+                paths.join(", ")
+            ),
+        );
     };
     if req.method() != Method::POST {
         return method_not_allowed(&state, "POST");
@@ -124,7 +126,7 @@ where
         }
         Ok(Ok(collected)) => collected.to_bytes(),
     };
-    review_body(&state, webhook, &body)
+    review_body(&state, webhook, entry, &body)
 }
 
 fn too_large(state: &State) -> HttpResponse {
@@ -138,10 +140,11 @@ fn too_large(state: &State) -> HttpResponse {
 
 /// Answers a complete body. Runs the pure core; a panic in it (a bug) becomes a 500, never a
 /// dropped connection.
-fn review_body(state: &State, webhook: Webhook, body: &[u8]) -> HttpResponse {
+fn review_body(state: &State, webhook: Webhook, entry: Entry, body: &[u8]) -> HttpResponse {
     let span = tracing::info_span!(
         "review",
         webhook = webhook.as_str(),
+        entry = entry.as_str(),
         uid = Empty,
         namespace = Empty,
         name = Empty,
@@ -152,7 +155,7 @@ fn review_body(state: &State, webhook: Webhook, body: &[u8]) -> HttpResponse {
     let started = Instant::now();
     let injector = state.injector.load();
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        review::answer(&injector, webhook, body)
+        review::answer_for(&injector, webhook, entry, body)
     }));
     let elapsed = started.elapsed().as_secs_f64();
     match result {
