@@ -3,16 +3,23 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The full name; a revision's installation appends "-<revision>" (objects of two revisions never clash). */}}
 {{- define "sidecar-injector.fullname" -}}
+{{- $base := "" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- $base = .Values.fullnameOverride -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- $base = .Release.Name -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- $base = printf "%s-%s" .Release.Name $name -}}
 {{- end -}}
+{{- end -}}
+{{- if .Values.revision -}}
+{{- printf "%s-%s" ($base | trunc (int (sub 62 (len .Values.revision))) | trimSuffix "-") .Values.revision -}}
+{{- else -}}
+{{- $base | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 
@@ -26,6 +33,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{ include "sidecar-injector.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.revision }}
+{{ $.Values.config.revisionLabel }}: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{- define "sidecar-injector.serviceAccountName" -}}

@@ -1,25 +1,54 @@
 {{/*
+The webhook entries of each configuration: "pod" (the pod's own label opts it in) and, with
+webhook.namespaceOptIn.enabled, "namespace" (its namespace's label does). Their selectors cannot
+overlap, so no pod is sent twice, and each calls its own path, so the server knows which rule
+the apiserver applied (a review carries no namespace labels).
+*/}}
+{{- define "sidecar-injector.entries" -}}
+{{- $entries := list "pod" -}}
+{{- if .Values.webhook.namespaceOptIn.enabled -}}
+{{- $entries = append $entries "namespace" -}}
+{{- end -}}
+{{- $entries | toJson -}}
+{{- end -}}
+
+{{/*
+A webhook's name: (dict "root" $ "entry" "pod" "base" "inject.sidecar-injector.io").
+The namespace entry's is prefixed "namespace.", a revision's "<revision>.".
+*/}}
+{{- define "sidecar-injector.webhookName" -}}
+{{- $name := .base -}}
+{{- if eq .entry "namespace" -}}{{- $name = printf "namespace.%s" $name -}}{{- end -}}
+{{- with .root.Values.revision -}}{{- $name = printf "%s.%s" . $name -}}{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/*
 The fields the mutating and the validating webhook share. One definition, so both see exactly
 the same requests: a pod the injector skips is also a pod the validator skips.
-Called with (dict "root" $ "path" "/mutate").
+Called with (dict "root" $ "path" "/mutate" "entry" "pod"); the namespace entry calls
+PATH/namespace.
 */}}
 {{- define "sidecar-injector.webhook.common" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
+{{- $rev := $v.revision -}}
+{{- $path := ternary (printf "%s/namespace" .path) .path (eq .entry "namespace") -}}
 # The server answers in the version it is asked in; apiservers send the first one they know,
 # and every supported apiserver knows v1. v1beta1 is kept for old ones.
 admissionReviewVersions: ["v1", "v1beta1"]
 clientConfig:
   {{- if $v.webhook.url }}
   # webhook.url is set: the server runs outside the cluster and is dialled directly.
-  url: {{ printf "%s%s" (trimSuffix "/" $v.webhook.url) .path | quote }}
+  url: {{ printf "%s%s" (trimSuffix "/" $v.webhook.url) $path | quote }}
   {{- else }}
   # The chart's Service; the serving certificate is valid for <service>.<namespace>.svc.
   service:
     name: {{ include "sidecar-injector.fullname" $root }}
     namespace: {{ $root.Release.Namespace }}
-    # One server, two paths: /mutate injects, /validate checks.
-    path: {{ .path }}
+    # One server, a path per webhook and entry: /mutate injects, /validate checks; the
+    # namespace entry's paths end in /namespace, which tells the server which rule applied.
+    path: {{ $path }}
     port: {{ $v.service.port }}
   {{- end }}
   {{- with include "sidecar-injector.caBundle" $root }}
@@ -35,11 +64,29 @@ clientConfig:
 # Equivalent: a pod sent through any API version that maps to core/v1 pods is still seen,
 # converted to v1 (the only version the server decodes).
 matchPolicy: Equivalent
-# Opt-in only: a pod is sent only when it carries the inject label with the value "true". Pods
-# without it never wait on the webhook, so the webhook can never block them.
+{{- if eq .entry "pod" }}
+# Opted in by the pod's own label: a pod is sent only when it carries the inject label with the
+# value "true"{{ if $rev }} and {{ $v.config.revisionLabel }}={{ $rev }} (this revision){{ else }} and no {{ $v.config.revisionLabel }} label (a pod naming a revision
+# belongs to that revision's installation){{ end }}. Other pods never wait on the webhook, so it can
+# never block them.
 objectSelector:
   matchLabels:
     {{ $v.config.injectLabel }}: "true"
+    {{- if $rev }}
+    {{ $v.config.revisionLabel }}: {{ $rev | quote }}
+  {{- else }}
+  matchExpressions:
+    - key: {{ $v.config.revisionLabel }}
+      operator: DoesNotExist
+  {{- end }}
+{{- else }}
+# Opted in by the namespace (below): every pod but those that opt out with the value "false".
+objectSelector:
+  matchExpressions:
+    - key: {{ $v.config.injectLabel }}
+      operator: NotIn
+      values: ["false"]
+{{- end }}
 # Never in the system namespaces (the control plane must not depend on the injector), nor in
 # the release namespace (the injector must be able to start its own pods while it is down),
 # nor in config.excludedNamespaces (the server would skip them anyway), nor in namespaces
@@ -53,6 +100,27 @@ namespaceSelector:
     - key: {{ $v.webhook.disabledLabel }}
       operator: NotIn
       values: ["true"]
+    {{- if eq .entry "pod" }}
+    {{- if $v.webhook.namespaceOptIn.enabled }}
+    # Namespaces that opt in belong to the namespace entry: no pod is sent twice.
+    - key: {{ $v.config.injectLabel }}
+      operator: NotIn
+      values: ["enabled"]
+    {{- end }}
+    {{- else }}
+    # The namespace opts in, and names {{ if $rev }}this revision{{ else }}no revision (one naming a revision belongs to that
+    # revision's installation){{ end }}.
+    - key: {{ $v.config.injectLabel }}
+      operator: In
+      values: ["enabled"]
+    - key: {{ $v.config.revisionLabel }}
+      {{- if $rev }}
+      operator: In
+      values: [{{ $rev | quote }}]
+      {{- else }}
+      operator: DoesNotExist
+      {{- end }}
+    {{- end }}
 # None: the server only reads the review and answers; it writes nothing anywhere, so dry-run
 # requests (kubectl apply --dry-run=server) are sent to it as well.
 sideEffects: None

@@ -43,10 +43,13 @@ class Rendered:
     def kinds(self):
         return sorted({d["kind"] for d in self.docs})
 
+    def webhooks(self, kind):
+        """Every entry of the configuration of this kind."""
+        return self.one(kind)["webhooks"]
+
     def webhook(self, kind):
-        config = self.one(kind)
-        assert len(config["webhooks"]) == 1
-        return config["webhooks"][0]
+        """The pod-label entry (the first), the one every installation has."""
+        return self.webhooks(kind)[0]
 
     @property
     def mutating(self):
@@ -55,6 +58,10 @@ class Rendered:
     @property
     def validating(self):
         return self.webhook("ValidatingWebhookConfiguration")
+
+    def namespace_entry(self, kind):
+        (entry,) = [w for w in self.webhooks(kind) if "namespace." in w["name"]]
+        return entry
 
     @property
     def pod_spec(self):

@@ -33,13 +33,17 @@ def test_rules_pods_only(helm):
                                       "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"}]
 
 
+NO_REVISION = {"key": "sidecar-injector.io/rev", "operator": "DoesNotExist"}
+
+
 def test_object_selector_is_the_inject_label(helm):
     r = render(helm=helm)
     for w in (r.mutating, r.validating):
-        assert w["objectSelector"] == {"matchLabels": {"sidecar-injector.io/inject": "true"}}
+        assert w["objectSelector"] == {"matchLabels": {"sidecar-injector.io/inject": "true"},
+                                       "matchExpressions": [NO_REVISION]}
     r = render("config.injectLabel=example.com/sidecars", helm=helm)
     for w in (r.mutating, r.validating):
-        assert w["objectSelector"] == {"matchLabels": {"example.com/sidecars": "true"}}
+        assert w["objectSelector"]["matchLabels"] == {"example.com/sidecars": "true"}
     assert r.config["injectLabel"] == "example.com/sidecars"
 
 
@@ -93,6 +97,109 @@ def test_failure_policies_explicit_with_the_documented_defaults(helm):
                helm=helm)
     assert r.mutating["failurePolicy"] == "Fail"
     assert r.validating["failurePolicy"] == "Ignore"
+
+
+# --- namespace opt-in and revisions ------------------------------------------------------------
+
+KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+
+
+def selects(selector, labels):
+    """Whether a label selector (matchLabels and matchExpressions) selects these labels."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for e in selector.get("matchExpressions", []):
+        op, key = e["operator"], e["key"]
+        if op == "In" and labels.get(key) not in e["values"]:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in e["values"]:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+def test_two_entries_with_their_own_paths(helm):
+    r = render(helm=helm)
+    for kind, base, path in ((KINDS[0], "inject", "/mutate"), (KINDS[1], "validate", "/validate")):
+        hooks = r.webhooks(kind)
+        assert [w["name"] for w in hooks] == [f"{base}.sidecar-injector.io",
+                                              f"namespace.{base}.sidecar-injector.io"]
+        assert [w["clientConfig"]["service"]["path"] for w in hooks] == [path, f"{path}/namespace"]
+        pod, ns = hooks
+        for field in ("rules", "failurePolicy", "matchConditions", "timeoutSeconds", "sideEffects"):
+            assert pod.get(field) == ns.get(field), field
+    r = render("webhook.namespaceOptIn.enabled=false", helm=helm)
+    for kind in KINDS:
+        (only,) = r.webhooks(kind)
+        assert {"key": "sidecar-injector.io/inject", "operator": "NotIn",
+                "values": ["enabled"]} not in only["namespaceSelector"]["matchExpressions"]
+
+
+NAMESPACES = [{}, {"sidecar-injector.io/inject": "enabled"},
+              {"sidecar-injector.io/inject": "enabled", "sidecar-injector.io/rev": "canary"},
+              {"sidecar-injector.io/rev": "canary"}, {"sidecar-injector.io/disabled": "true"},
+              {"sidecar-injector.io/inject": "enabled", "sidecar-injector.io/disabled": "true"}]
+PODS = [{}, {"sidecar-injector.io/inject": "true"}, {"sidecar-injector.io/inject": "false"},
+        {"sidecar-injector.io/inject": "true", "sidecar-injector.io/rev": "canary"},
+        {"sidecar-injector.io/rev": "canary"}, {"sidecar-injector.io/inject": "yes"}]
+
+
+def expected_entry(revision, ns, pod):
+    """Which entry of revision `revision` should receive the pod (docs/CONFIGURATION.md)."""
+    if ns.get("sidecar-injector.io/disabled") == "true":
+        return None
+    if ns.get("sidecar-injector.io/inject") == "enabled":
+        if ns.get("sidecar-injector.io/rev", "") != revision:
+            return None
+        return None if pod.get("sidecar-injector.io/inject") == "false" else "namespace"
+    if pod.get("sidecar-injector.io/inject") != "true":
+        return None
+    return "pod" if pod.get("sidecar-injector.io/rev", "") == revision else None
+
+
+def test_entries_never_overlap_and_revisions_never_share_a_pod(helm):
+    installations = {rev: render(f"revision={rev}", helm=helm) if rev else render(helm=helm)
+                     for rev in ("", "canary", "v2")}
+    for ns in NAMESPACES:
+        nsl = {**ns, "kubernetes.io/metadata.name": "apps"}
+        for pod in PODS:
+            for kind in KINDS:
+                receivers = []
+                for rev, r in installations.items():
+                    for w in r.webhooks(kind):
+                        if selects(w["namespaceSelector"], nsl) and selects(w["objectSelector"], pod):
+                            entry = "namespace" if "namespace." in w["name"] else "pod"
+                            receivers.append((rev, entry))
+                wanted = [(rev, expected_entry(rev, ns, pod)) for rev in installations
+                          if expected_entry(rev, ns, pod)]
+                assert receivers == wanted, (ns, pod, kind)
+                assert len(receivers) <= 1, (ns, pod, kind)
+
+
+def test_a_revision_names_everything(helm):
+    r = render("revision=canary", helm=helm)
+    for kind in KINDS:
+        config = r.one(kind)
+        assert config["metadata"]["name"] == "sidecar-injector-canary"
+        assert config["metadata"]["labels"]["sidecar-injector.io/rev"] == "canary"
+        assert all(w["name"].startswith("canary.") for w in config["webhooks"])
+        assert all(w["clientConfig"]["service"]["name"] == "sidecar-injector-canary"
+                   for w in config["webhooks"])
+    service = r.one("Service")
+    assert service["metadata"]["name"] == "sidecar-injector-canary"
+    assert service["metadata"]["labels"]["sidecar-injector.io/rev"] == "canary"
+    assert r.config["revision"] == "canary"
+    assert render(helm=helm).config["revision"] == ""
+
+
+@pytest.mark.parametrize("revision", ["Canary", "-x", "a_b", "x" * 64])
+def test_a_revision_must_be_a_dns_label(helm, revision):
+    message = render_error(f"revision={revision}", helm=helm)
+    assert "schema" in message and "/revision" in message, message
 
 
 def test_service_mode(helm):
