@@ -23,6 +23,9 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::pods::{INJECT_LABEL, app_image, from_json};
 
+/// The port the added container declares.
+pub const ADDED_PORT: u16 = 7070;
+
 /// A running adder webhook; stops serving when dropped.
 pub struct Adder {
     /// `https://127.0.0.1:PORT/add`.
@@ -173,7 +176,10 @@ fn review(body: &[u8], container: &str) -> anyhow::Result<Value> {
         let patch = json!([{
             "op": "add",
             "path": "/spec/containers/-",
-            "value": {"name": container, "image": app_image()}
+            // With a port of its own: the injector must not route to it after the fact
+            // (its rendering is frozen at the first call; s19).
+            "value": {"name": container, "image": app_image(),
+                      "ports": [{"containerPort": ADDED_PORT, "protocol": "TCP"}]}
         }]);
         response["patchType"] = json!("JSONPatch");
         response["patch"] =

@@ -21,6 +21,10 @@ pub fn app_image() -> String {
         .filter(|i| !i.is_empty())
         .unwrap_or_else(|| "registry.k8s.io/pause:3.10".into())
 }
+/// Names the revision that injects a pod (on the pod or the namespace that opts in).
+pub const REVISION_LABEL: &str = "sidecar-injector.io/rev";
+/// The inject label's value on a namespace whose pods are all injected.
+pub const NAMESPACE_ENABLED: &str = "enabled";
 pub const PROXY: &str = "proxy";
 pub const LOG_SHIPPER: &str = "log-shipper";
 pub const LOGS_VOLUME: &str = "sidecar-logs";
@@ -312,4 +316,65 @@ pub fn recreate_from(stored: &Pod, name: &str) -> Pod {
         spec.preemption_policy = None;
     }
     pod
+}
+
+/// The status annotation, parsed.
+pub fn status(pod: &Pod) -> anyhow::Result<serde_json::Value> {
+    let text = status_annotation(pod).ok_or_else(|| anyhow::anyhow!("no status annotation"))?;
+    Ok(serde_json::from_str(text)?)
+}
+
+/// `app_pod` whose application container declares these TCP ports.
+pub fn with_ports(mut pod: Pod, ports: &[i32]) -> Pod {
+    if let Some(c) = pod.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+        c.ports = Some(
+            ports
+                .iter()
+                .map(|p| k8s_openapi::api::core::v1::ContainerPort {
+                    container_port: *p,
+                    protocol: Some("TCP".into()),
+                    ..Default::default()
+                })
+                .collect(),
+        );
+    }
+    pod
+}
+
+/// The injected proxy's Envoy configuration (its `--config-yaml` argument): the application
+/// ports its clusters route to, and the ports its listeners listen on.
+pub fn proxy_routes(pod: &Pod) -> anyhow::Result<(Vec<u64>, Vec<u64>)> {
+    let proxy = init_containers(pod)
+        .iter()
+        .find(|c| c.name == PROXY)
+        .ok_or_else(|| anyhow::anyhow!("no proxy"))?;
+    let args = proxy.args.clone().unwrap_or_default();
+    let position = args
+        .iter()
+        .position(|a| a == "--config-yaml")
+        .ok_or_else(|| anyhow::anyhow!("the proxy has no --config-yaml: {args:?}"))?;
+    let config: serde_json::Value = serde_json::from_str(
+        args.get(position + 1)
+            .ok_or_else(|| anyhow::anyhow!("--config-yaml has no value"))?,
+    )?;
+    let port = |v: &serde_json::Value, pointer: &str| v.pointer(pointer).and_then(|p| p.as_u64());
+    let resources = &config["static_resources"];
+    let clusters = resources["clusters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            port(
+                c,
+                "/load_assignment/endpoints/0/lb_endpoints/0/endpoint/address/socket_address/port_value",
+            )
+        })
+        .collect();
+    let listeners = resources["listeners"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| port(l, "/address/socket_address/port_value"))
+        .collect();
+    Ok((clusters, listeners))
 }

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use sidecar_injector_e2e::adder::Adder;
+use sidecar_injector_e2e::adder::{ADDED_PORT, Adder};
 use sidecar_injector_e2e::cluster::{WAIT, accepts, dry_run, rejects, scenario};
 use sidecar_injector_e2e::env::{Mode, Need};
 use sidecar_injector_e2e::pods::*;
@@ -46,12 +46,27 @@ async fn s00_webhooks_are_registered_as_documented() -> anyhow::Result<()> {
                 json!(["CREATE", "UPDATE"]),
             ),
         ] {
+            // Two entries: the pod's own label, and namespaces labelled `inject: enabled`.
             let hooks = cfg["webhooks"].as_array().context("no webhooks")?;
+            let names: Vec<&str> = hooks.iter().filter_map(|h| h["name"].as_str()).collect();
             ensure!(
-                hooks.len() == 1,
-                "{kind}: expected one webhook, got {}",
-                hooks.len()
+                names == [webhook.to_owned(), format!("namespace.{webhook}")],
+                "{kind}: expected the pod and namespace entries, got {names:?}"
             );
+            let ns_entry = &hooks[1];
+            ensure!(
+                ns_entry["objectSelector"]["matchExpressions"][0]
+                    == json!({"key": INJECT_LABEL, "operator": "NotIn", "values": ["false"]}),
+                "{kind}: namespace entry objectSelector is {}",
+                ns_entry["objectSelector"]
+            );
+            if cx.env.mode == Mode::Local {
+                let url = ns_entry["clientConfig"]["url"].as_str().unwrap_or("");
+                ensure!(
+                    url.ends_with(&format!("{path}/namespace")),
+                    "{kind}: namespace entry url {url}"
+                );
+            }
             let h = &hooks[0];
             ensure!(
                 h["name"] == webhook,
@@ -919,4 +934,434 @@ async fn never_reached_injector(
         );
     }
     Ok(())
+}
+
+/// 14. A namespace labelled `sidecar-injector.io/inject: enabled` gets every pod injected,
+/// through the namespace entry, except a pod that says "false", which never reaches the
+/// injector; a pod saying "true" there is injected once (the entries cannot overlap).
+#[tokio::test]
+async fn s14_namespace_opt_in_with_a_pod_opting_out() -> anyhow::Result<()> {
+    scenario("s14-namespace-opt-in", &[], |cx| async move {
+        let ns = cx
+            .extra_namespace("enabled", &[(INJECT_LABEL, NAMESPACE_ENABLED)])
+            .await?;
+        let outcome = async {
+            let pods = cx.pods_in(&ns);
+            let unlabelled = eventually("the namespace entry to inject", WAIT, || async {
+                let pod = dry_run(&pods, &app_pod("probe")).await?;
+                Ok(status_annotation(&pod).is_some().then_some(()))
+            });
+            unlabelled.await?;
+            let stored = accepts(&pods, &app_pod("plain")).await?;
+            check_injected(&stored).context("a pod without the label")?;
+            let stored = accepts(&pods, &opted_in("also-true")).await?;
+            check_injected(&stored).context("a pod labelled \"true\"")?;
+            let stored = accepts(
+                &pods,
+                &labelled(app_pod("opted-out"), INJECT_LABEL, "false"),
+            )
+            .await?;
+            check_untouched(&stored).context("a pod labelled \"false\"")?;
+            if let Some(log) = &cx.env.audit_log {
+                let namespace_entry = format!("namespace.{MUTATING_WEBHOOK}");
+                for name in ["plain", "also-true"] {
+                    let record = audit::pod_create(log, &ns, name).await?;
+                    let ours: Vec<_> = record.calls_of(&cx.env.webhook_config).collect();
+                    ensure!(
+                        !ours.is_empty() && ours.iter().all(|c| c.webhook == namespace_entry),
+                        "pod {name}: expected calls of {namespace_entry} only: {}",
+                        record.describe()
+                    );
+                }
+                let record = audit::pod_create(log, &ns, "opted-out").await?;
+                ensure!(
+                    record.calls_of(&cx.env.webhook_config).next().is_none(),
+                    "the opted-out pod reached the injector: {}",
+                    record.describe()
+                );
+            }
+            // The same pod in a namespace that did not opt in is left alone.
+            let stored = accepts(&cx.pods(), &app_pod("elsewhere")).await?;
+            check_untouched(&stored)
+        }
+        .await;
+        let _ = cx.delete_namespace(&ns).await;
+        outcome
+    })
+    .await
+}
+
+/// A second server (`revision: canary`) on 127.0.0.1 and its chart release; both stop when
+/// this is dropped (the release is uninstalled by the scenario).
+struct Canary {
+    process: tokio::process::Child,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Canary {
+    fn drop(&mut self) {
+        let _ = self.process.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn required(var: &str) -> anyhow::Result<String> {
+    std::env::var(var)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .with_context(|| format!("{var} is not set (e2e/run.sh sets it)"))
+}
+
+impl Canary {
+    /// Starts `sidecar-injector serve` with the default configuration as revision `canary`.
+    async fn start(release_ns: &str) -> anyhow::Result<(Self, u16)> {
+        let bin = required("E2E_INJECTOR_BIN")?;
+        let cert = required("E2E_INJECTOR_CERT")?;
+        let key = required("E2E_INJECTOR_KEY")?;
+        let dir = std::env::temp_dir().join(format!("sidecar-injector-e2e-{release_ns}"));
+        std::fs::create_dir_all(&dir)?;
+        let default = include_str!("../../templates/config.yaml");
+        ensure!(
+            default.contains("revision: \"\""),
+            "templates/config.yaml has no revision key"
+        );
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            default.replace("revision: \"\"", "revision: canary"),
+        )?;
+        let port = closed_port().await?;
+        let admin = closed_port().await?;
+        let log = std::fs::File::create(dir.join("server.log"))?;
+        let process = tokio::process::Command::new(bin)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(["--tls-cert-file", &cert, "--tls-key-file", &key])
+            .arg("--config")
+            .arg(&config)
+            .env("SIDECAR_INJECTOR_NAMESPACE", release_ns)
+            .env("SIDECAR_INJECTOR_LOG_FORMAT", "json")
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the canary server")?;
+        Ok((Self { process, dir }, port))
+    }
+}
+
+/// 15. Two revisions side by side: the default installation and a `canary` one (a second
+/// server, a second chart release with `revision=canary`). A namespace labelled for each
+/// revision gets only that revision's sidecars, once; a pod naming the canary revision itself
+/// goes to it; then the canary upgrade: a namespace relabelled to canary gets canary pods from
+/// then on, and its old pods stay updatable (checked by the revision that injected them).
+#[tokio::test]
+async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
+    scenario(
+        "s15-revisions",
+        &[
+            Need::ServerUrl,
+            Need::ProcessControl,
+            Need::LoopbackWebhooks,
+        ],
+        |cx| async move {
+            let ca = cx.env.ca_cert.clone().context("no CA_CERT")?;
+            let chart = cx.env.chart.display().to_string();
+            let release_ns = cx.extra_namespace("canary-release", &[]).await?;
+            let stable_ns = cx
+                .extra_namespace("stable", &[(INJECT_LABEL, NAMESPACE_ENABLED)])
+                .await?;
+            let canary_ns = cx
+                .extra_namespace(
+                    "canary",
+                    &[
+                        (INJECT_LABEL, NAMESPACE_ENABLED),
+                        (REVISION_LABEL, "canary"),
+                    ],
+                )
+                .await?;
+            let release = "e2e-canary";
+            let fullname = "e2e-canary-sidecar-injector-canary";
+            let (server, port) = Canary::start(&release_ns).await?;
+            let outcome = async {
+                let url = format!("webhook.url=https://127.0.0.1:{port}");
+                let ca_file = format!("certificates.existingSecret.caBundle={}", ca.display());
+                helm(
+                    &cx,
+                    &[
+                        "install",
+                        release,
+                        &chart,
+                        "--namespace",
+                        &release_ns,
+                        "--set",
+                        "revision=canary",
+                        "--set",
+                        &url,
+                        "--set",
+                        "deployment.enabled=false",
+                        "--set",
+                        "certificates.mode=existingSecret",
+                        "--set-file",
+                        &ca_file,
+                        "--timeout",
+                        "60s",
+                    ],
+                )
+                .await?;
+                let m = mutating(&cx.client).get(fullname).await?;
+                let names: Vec<&str> = m
+                    .webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| w.name.as_str())
+                    .collect();
+                ensure!(
+                    names
+                        == [
+                            "canary.inject.sidecar-injector.io",
+                            "canary.namespace.inject.sidecar-injector.io"
+                        ],
+                    "canary webhooks are {names:?}"
+                );
+                let revision_of = |pod: &Pod| -> anyhow::Result<String> {
+                    Ok(status(pod)?["revision"].as_str().unwrap_or("").to_owned())
+                };
+                let canary_pods = cx.pods_in(&canary_ns);
+                eventually(
+                    "the canary server and webhooks to inject",
+                    Duration::from_secs(60),
+                    || async {
+                        match dry_run(&canary_pods, &app_pod("probe")).await {
+                            Ok(pod) if status_annotation(&pod).is_some() => Ok(Some(())),
+                            Ok(_) => Ok(None),
+                            Err(e) => anyhow::bail!(
+                                "dry run refused: {}",
+                                sidecar_injector_e2e::cluster::refusal(&e)
+                            ),
+                        }
+                    },
+                )
+                .await?;
+
+                let stable = accepts(&cx.pods_in(&stable_ns), &app_pod("web")).await?;
+                check_injected(&stable)?;
+                ensure!(
+                    revision_of(&stable)?.is_empty(),
+                    "the stable namespace's pod: {:?}",
+                    status(&stable)?
+                );
+                let canary = accepts(&canary_pods, &app_pod("web")).await?;
+                check_injected(&canary)?;
+                ensure!(
+                    revision_of(&canary)? == "canary",
+                    "the canary namespace's pod: {:?}",
+                    status(&canary)?
+                );
+                let own = accepts(
+                    &cx.pods(),
+                    &labelled(opted_in("asks-canary"), REVISION_LABEL, "canary"),
+                )
+                .await?;
+                check_injected(&own)?;
+                ensure!(
+                    revision_of(&own)? == "canary",
+                    "the pod naming canary: {:?}",
+                    status(&own)?
+                );
+                let plain = accepts(&cx.pods(), &opted_in("asks-default")).await?;
+                check_injected(&plain)?;
+                ensure!(
+                    revision_of(&plain)?.is_empty(),
+                    "the pod naming no revision: {:?}",
+                    status(&plain)?
+                );
+                if let Some(log) = &cx.env.audit_log {
+                    for (ns, name, injector, other) in [
+                        (&stable_ns, "web", cx.env.webhook_config.as_str(), fullname),
+                        (&canary_ns, "web", fullname, cx.env.webhook_config.as_str()),
+                        (
+                            &cx.ns,
+                            "asks-canary",
+                            fullname,
+                            cx.env.webhook_config.as_str(),
+                        ),
+                    ] {
+                        let record = audit::pod_create(log, ns, name).await?;
+                        ensure!(
+                            record.calls_of(injector).any(|c| c.mutated)
+                                && record.calls_of(other).next().is_none(),
+                            "{ns}/{name}: expected {injector} only: {}",
+                            record.describe()
+                        );
+                    }
+                }
+
+                // The canary upgrade: move the stable namespace to the canary revision.
+                let namespaces: Api<Namespace> = Api::all(cx.client.clone());
+                let relabel = json!({"metadata": {"labels": {REVISION_LABEL: "canary"}}});
+                namespaces
+                    .patch(&stable_ns, &PatchParams::default(), &Patch::Merge(&relabel))
+                    .await?;
+                let stable_pods = cx.pods_in(&stable_ns);
+                let moved = eventually(
+                    "the relabelled namespace to be injected by canary",
+                    WAIT,
+                    || async {
+                        let pod = dry_run(&stable_pods, &app_pod("probe")).await?;
+                        Ok((status(&pod)
+                            .ok()
+                            .and_then(|s| s["revision"].as_str().map(str::to_owned))
+                            .as_deref()
+                            == Some("canary"))
+                        .then_some(pod))
+                    },
+                )
+                .await?;
+                check_injected(&moved)?;
+                // The pod the default revision injected is now seen by canary's validator: an
+                // update that leaves its sidecars alone is admitted.
+                let touch = json!({"metadata": {"labels": {"touched": "yes"}}});
+                stable_pods
+                    .patch("web", &PatchParams::default(), &Patch::Merge(&touch))
+                    .await
+                    .context("updating the default revision's pod after the move was refused")?;
+                Ok(())
+            }
+            .await;
+            let uninstalled = helm(
+                &cx,
+                &[
+                    "uninstall",
+                    release,
+                    "--namespace",
+                    &release_ns,
+                    "--timeout",
+                    "60s",
+                ],
+            )
+            .await;
+            drop(server);
+            for ns in [&stable_ns, &canary_ns, &release_ns] {
+                let _ = cx.delete_namespace(ns).await;
+            }
+            outcome?;
+            uninstalled.map(|_| ())
+        },
+    )
+    .await
+}
+
+/// 16. The proxy learned the application's ports from the pod: a listener per declared TCP
+/// port, routing to it; a pod declaring none gets a proxy that routes nowhere.
+#[tokio::test]
+async fn s16_the_proxy_routes_to_the_apps_ports() -> anyhow::Result<()> {
+    scenario("s16-app-ports", &[], |cx| async move {
+        let pods = cx.pods();
+        let stored = accepts(&pods, &with_ports(opted_in("two-ports"), &[8080, 9090])).await?;
+        check_injected(&stored)?;
+        let (clusters, listeners) = proxy_routes(&stored)?;
+        ensure!(clusters == [8080, 9090], "the proxy routes to {clusters:?}");
+        ensure!(
+            listeners == [15001, 15002],
+            "the proxy listens on {listeners:?}"
+        );
+        let stored = accepts(&pods, &opted_in("no-ports")).await?;
+        check_injected(&stored)?;
+        let (clusters, listeners) = proxy_routes(&stored)?;
+        ensure!(
+            clusters.is_empty() && listeners == [15001],
+            "no ports: {clusters:?} {listeners:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// 17. A per-pod override the proxy template declares is accepted and rendered.
+#[tokio::test]
+async fn s17_an_override_is_accepted() -> anyhow::Result<()> {
+    scenario("s17-override-accepted", &[], |cx| async move {
+        let pod = annotated(
+            annotated(opted_in("tuned"), "sidecar-injector.io/proxy-cpu", "250m"),
+            "sidecar-injector.io/proxy-log-level",
+            "debug",
+        );
+        let stored = accepts(&cx.pods(), &pod).await?;
+        check_injected(&stored)?;
+        let proxy = init_containers(&stored)
+            .iter()
+            .find(|c| c.name == PROXY)
+            .context("no proxy")?;
+        let cpu = proxy
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("cpu"))
+            .map(|q| q.0.clone());
+        ensure!(cpu.as_deref() == Some("250m"), "proxy cpu request {cpu:?}");
+        let args = proxy.args.clone().unwrap_or_default();
+        ensure!(
+            args.windows(2).any(|w| w == ["--log-level", "debug"]),
+            "proxy args {args:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// 18. A bad override is refused by the injector, naming the annotation and what is allowed;
+/// nothing is stored.
+#[tokio::test]
+async fn s18_a_bad_override_is_refused() -> anyhow::Result<()> {
+    scenario("s18-override-refused", &[], |cx| async move {
+        let pod = annotated(opted_in("loud"), "sidecar-injector.io/proxy-log-level", "loud");
+        let message = rejects(&cx.pods(), &pod).await?;
+        ensure!(
+            message.contains(&format!("admission webhook \"{MUTATING_WEBHOOK}\" denied the request"))
+                && message.contains("annotation sidecar-injector.io/proxy-log-level: \"loud\" is not allowed")
+                && message.contains("one of trace, debug, info, warn, error, critical, off"),
+            "expected the injector's refusal naming the annotation and the allowed values, got: {message}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// 19. The rendering is fixed at the first call: another webhook, called after ours, adds a
+/// container with a port of its own; on reinvocation the injector completes that container
+/// (env, mount) but the proxy still routes only to the port the pod declared, and the
+/// validator, which sees the added container too, admits the pod.
+#[tokio::test]
+async fn s19_what_is_added_after_us_does_not_change_the_rendering() -> anyhow::Result<()> {
+    scenario("s19-stable-rendering", &[Need::LoopbackWebhooks], |cx| async move {
+        let adder = Adder::start("added-by-other").await?;
+        let configuration = format!("z-e2e-adder-{}", cx.ns);
+        mutating(&cx.client)
+            .create(&PostParams::default(), &adder.configuration(&configuration, &cx.ns)?)
+            .await?;
+        let outcome = async {
+            let pods = cx.pods();
+            eventually("the adder to take effect", WAIT, || async {
+                let pod = dry_run(&pods, &opted_in("probe")).await?;
+                Ok((count_named(&pod, &adder.container) == 1).then_some(()))
+            })
+            .await?;
+            let stored = accepts(&pods, &with_ports(opted_in("web"), &[8080])).await?;
+            check_injected(&stored)?;
+            check_app_container_injected(&stored, &adder.container)?;
+            let (clusters, _) = proxy_routes(&stored)?;
+            ensure!(
+                clusters == [8080],
+                "the proxy routes to {clusters:?}; the added container's {ADDED_PORT} must not change it"
+            );
+            let seen = status(&stored)?["context"]["containers"].clone();
+            ensure!(seen == json!(["app"]), "the status records the context {seen}");
+            Ok(())
+        }
+        .await;
+        delete_mutating(&cx.client, &configuration).await?;
+        outcome
+    })
+    .await
 }
