@@ -3,7 +3,7 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* The full name; a revision's installation appends "-<revision>" (objects of two revisions never clash). */}}
+{{/* The full name; a revision's installation ends in "-<revision>" (objects of two revisions never clash). */}}
 {{- define "sidecar-injector.fullname" -}}
 {{- $base := "" -}}
 {{- if .Values.fullnameOverride -}}
@@ -16,7 +16,7 @@
 {{- $base = printf "%s-%s" .Release.Name $name -}}
 {{- end -}}
 {{- end -}}
-{{- if .Values.revision -}}
+{{- if and .Values.revision (not (hasSuffix (printf "-%s" .Values.revision) $base)) -}}
 {{- printf "%s-%s" ($base | trunc (int (sub 62 (len .Values.revision))) | trimSuffix "-") .Values.revision -}}
 {{- else -}}
 {{- $base | trunc 63 | trimSuffix "-" -}}

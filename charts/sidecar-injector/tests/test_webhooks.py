@@ -194,6 +194,9 @@ def test_a_revision_names_everything(helm):
     assert service["metadata"]["labels"]["sidecar-injector.io/rev"] == "canary"
     assert r.config["revision"] == "canary"
     assert render(helm=helm).config["revision"] == ""
+    # A release already named for its revision is not named twice.
+    r = render("revision=canary", "fullnameOverride=sidecar-injector-canary", helm=helm)
+    assert r.one("Service")["metadata"]["name"] == "sidecar-injector-canary"
 
 
 @pytest.mark.parametrize("revision", ["Canary", "-x", "a_b", "x" * 64])
