@@ -124,9 +124,10 @@ pub struct Status {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub revision: String,
     /// What of the pod the rendering saw, so that the validator and a reinvocation render from
-    /// the same containers and volumes, whatever was added to the pod after us.
-    #[serde(default, skip_serializing_if = "Seen::is_empty")]
-    pub context: Seen,
+    /// the same containers and volumes, whatever was added to the pod after us. Always written
+    /// (`{}` when it saw nothing); absent only in a status written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Seen>,
 }
 
 /// The names of the pod's own containers, init containers and volumes a rendering saw.
@@ -559,12 +560,13 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     // An earlier rendering (the mutator's, seen again by a reinvocation or the validator) is
     // repeated from what it saw, so that what was added to the pod since does not change it.
     // Its status is trusted only if that reproduces it exactly.
-    let previous = facts
-        .status(inj)
-        .filter(|p| p.revision == cfg.revision && !p.context.is_empty());
+    let previous = facts.status(inj).filter(|p| p.revision == cfg.revision);
     let mut again = None;
-    if let Some(previous) = &previous {
-        let (ctx, seen) = facts.context(inj, Some(&previous.context));
+    if let Some((previous, context)) = previous
+        .as_ref()
+        .and_then(|p| Some((p, p.context.as_ref()?)))
+    {
+        let (ctx, seen) = facts.context(inj, Some(context));
         let (templates, notes) = render(&ctx)?;
         let same = fragment_hash(&templates) == previous.hash
             && templates
@@ -593,7 +595,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         hash,
         kept,
         revision: cfg.revision.clone(),
-        context: seen,
+        context: Some(seen),
     })
     .unwrap_or_default();
     Ok(Decision::Inject(Plan {
@@ -648,7 +650,7 @@ fn kept_containers(
             hash: String::new(),
             kept: Vec::new(),
             revision: String::new(),
-            context: Seen::default(),
+            context: None,
         });
     let spec = facts.pod.spec.as_ref();
     let existing: BTreeSet<&str> = spec
@@ -1079,6 +1081,117 @@ mod tests {
             let d = decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides");
             assert_eq!(d, Decision::NotOptedIn, "value {value:?}");
         }
+    }
+
+    fn canary() -> Injector {
+        let config = crate::config::DEFAULT_CONFIG.replace("revision: \"\"", "revision: canary");
+        Injector::from_sources(
+            "canary.yaml",
+            &config,
+            crate::config::bundled_templates(),
+            None,
+        )
+        .expect("canary config loads")
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// Which rule opts a pod in, for every combination of pod label, revision label and entry
+    /// (the path the API server called), as the chart's selectors route them.
+    #[test]
+    fn the_entry_and_the_revision_decide_the_opt_in() {
+        let (default, canary) = (injector(), canary());
+        let pod_with = |pairs: &[(&str, &str)]| {
+            let mut p = opted_in();
+            p.metadata.labels = Some(labels(pairs));
+            p
+        };
+        let inject = "sidecar-injector.io/inject";
+        let rev = "sidecar-injector.io/rev";
+        // Pod labels, the entry that sent the pod, and which entry opts it in for the default
+        // and the canary revision.
+        type Case<'a> = (
+            &'a [(&'a str, &'a str)],
+            Entry,
+            Option<Entry>,
+            Option<Entry>,
+        );
+        let cases: [Case<'_>; 8] = [
+            (&[(inject, "true")], Entry::Pod, Some(Entry::Pod), None),
+            (
+                &[(inject, "true"), (rev, "canary")],
+                Entry::Pod,
+                None,
+                Some(Entry::Pod),
+            ),
+            (&[], Entry::Pod, None, None),
+            (&[(inject, "false")], Entry::Pod, None, None),
+            (
+                &[],
+                Entry::Namespace,
+                Some(Entry::Namespace),
+                Some(Entry::Namespace),
+            ),
+            (
+                &[(inject, "yes")],
+                Entry::Namespace,
+                Some(Entry::Namespace),
+                Some(Entry::Namespace),
+            ),
+            (&[(inject, "false")], Entry::Namespace, None, None),
+            (
+                &[(inject, "true"), (rev, "other")],
+                Entry::Namespace,
+                Some(Entry::Namespace),
+                Some(Entry::Namespace),
+            ),
+        ];
+        for (pairs, entry, for_default, for_canary) in cases {
+            let p = pod_with(pairs);
+            let facts = PodFacts::new(&p, Some("shop")).with_entry(entry);
+            assert_eq!(
+                opt_in(&default, &facts).ok(),
+                for_default,
+                "{pairs:?} {entry:?}"
+            );
+            assert_eq!(
+                opt_in(&canary, &facts).ok(),
+                for_canary,
+                "{pairs:?} {entry:?}"
+            );
+        }
+    }
+
+    /// With the namespace's labels known (offline), they pick the entry as the chart would.
+    #[test]
+    fn known_namespace_labels_pick_the_entry() {
+        let (default, canary) = (injector(), canary());
+        let p = pod(
+            serde_json::json!({"metadata": {"name": "web"}, "spec": {"containers": [{"name": "app"}]}}),
+        );
+        let enabled = labels(&[("sidecar-injector.io/inject", "enabled")]);
+        let enabled_canary = labels(&[
+            ("sidecar-injector.io/inject", "enabled"),
+            ("sidecar-injector.io/rev", "canary"),
+        ]);
+        let plain = labels(&[("team", "a")]);
+        let decide_with = |inj: &Injector, ns: &BTreeMap<String, String>| {
+            let mut facts = PodFacts::new(&p, Some("shop"));
+            facts.namespace_labels = Some(ns);
+            opt_in(inj, &facts)
+        };
+        assert_eq!(decide_with(&default, &enabled), Ok(Entry::Namespace));
+        assert_eq!(decide_with(&canary, &enabled_canary), Ok(Entry::Namespace));
+        let why = decide_with(&default, &enabled_canary).expect_err("another revision's");
+        assert!(why.contains("revision \"canary\""), "{why}");
+        assert!(decide_with(&canary, &enabled).is_err());
+        let why = decide_with(&default, &plain).expect_err("not opted in");
+        assert!(why.contains("its namespace does not carry"), "{why}");
     }
 
     #[test]

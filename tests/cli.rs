@@ -332,6 +332,115 @@ fn explain_gives_every_reason() {
     }
 }
 
+/// Namespace opt-in and revisions offline: namespace labels from a Namespace document in the
+/// input or from --namespace-label, and `explain` names the rule that applied.
+#[test]
+fn explain_and_inject_know_namespace_opt_in() {
+    let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: plain, namespace: team-a}\nspec: {containers: [{name: app, image: nginx:1.27}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: out, namespace: team-a, labels: {sidecar-injector.io/inject: \"false\"}}\nspec: {containers: [{name: app, image: nginx:1.27}]}\n";
+    let namespace = "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a, labels: {sidecar-injector.io/inject: enabled}}\n---\n";
+
+    let report = stdout(succeeds(&run_with_stdin(
+        &["explain", "-f", "-"],
+        pods.as_bytes(),
+    )))
+    .to_owned();
+    assert!(
+        report.contains("Pod/plain: not injected: it does not carry the label sidecar-injector.io/inject=\"true\"\n"),
+        "{report}"
+    );
+    let with_doc = format!("{namespace}{pods}");
+    for (args, input) in [
+        (&["explain", "-f", "-"][..], with_doc.as_str()),
+        (
+            &[
+                "explain",
+                "-f",
+                "-",
+                "--namespace-label",
+                "sidecar-injector.io/inject=enabled",
+            ][..],
+            pods,
+        ),
+    ] {
+        let report = stdout(succeeds(&run_with_stdin(args, input.as_bytes())));
+        for expected in [
+            "Pod/plain: injected with [log-shipper, proxy] (opted in by its namespace's label sidecar-injector.io/inject=enabled); it would get:",
+            "Pod/out: not injected: its namespace opts it in, but the pod opts out with sidecar-injector.io/inject=\"false\"",
+        ] {
+            assert!(
+                report.contains(expected),
+                "{args:?}: {expected:?} not in:\n{report}"
+            );
+        }
+    }
+    let out = stdout(succeeds(&run_with_stdin(
+        &["inject", "-f", "-"],
+        with_doc.as_bytes(),
+    )));
+    let docs: Vec<Value> = split_documents(&out).into_iter().map(yaml).collect();
+    assert_eq!(names(&docs[1], "initContainers"), ["proxy"]);
+    assert!(docs[2]["spec"].get("initContainers").is_none(), "{out}");
+
+    // A namespace enabled for another revision is that revision's.
+    let report = stdout(succeeds(&run_with_stdin(
+        &[
+            "explain",
+            "-f",
+            "-",
+            "--namespace-label",
+            "sidecar-injector.io/inject=enabled",
+            "--namespace-label",
+            "sidecar-injector.io/rev=canary",
+        ],
+        pods.as_bytes(),
+    )));
+    assert!(
+        report.contains("for revision \"canary\", and this injector is the default revision"),
+        "{report}"
+    );
+    fails_saying(
+        &run_with_stdin(
+            &["explain", "-f", "-", "--namespace-label", "novalue"],
+            pods.as_bytes(),
+        ),
+        &["\"novalue\" is not KEY=VALUE"],
+    );
+}
+
+/// `review --path` answers as the server answers that path; an unknown path is refused.
+#[test]
+fn review_answers_for_a_path() {
+    let pod = "{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{\"uid\":\"3a2b1c0d-9e8f-4a7b-8c6d-5e4f3a2b1c0d\",\"kind\":{\"group\":\"\",\"version\":\"v1\",\"kind\":\"Pod\"},\"resource\":{\"group\":\"\",\"version\":\"v1\",\"resource\":\"pods\"},\"namespace\":\"team-a\",\"operation\":\"CREATE\",\"userInfo\":{},\"object\":{\"metadata\":{\"name\":\"plain\"},\"spec\":{\"containers\":[{\"name\":\"app\",\"image\":\"nginx\"}]}}}}";
+    let patched = |args: &[&str]| {
+        let answer: Value =
+            serde_json::from_str(&stdout(succeeds(&run_with_stdin(args, pod.as_bytes()))))
+                .expect("JSON");
+        answer["response"].get("patch").is_some()
+    };
+    assert!(!patched(&["review", "--request", "-"]));
+    assert!(!patched(&["review", "--request", "-", "--path", "/mutate"]));
+    assert!(patched(&[
+        "review",
+        "--request",
+        "-",
+        "--path",
+        "/mutate/namespace"
+    ]));
+    let answer: Value = serde_json::from_str(&stdout(succeeds(&run_with_stdin(
+        &["review", "--request", "-", "--path", "/validate/namespace"],
+        pod.as_bytes(),
+    ))))
+    .expect("JSON");
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    fails_saying(
+        &run_with_stdin(
+            &["review", "--request", "-", "--path", "/inject"],
+            pod.as_bytes(),
+        ),
+        &["no such path \"/inject\"", "/mutate/namespace"],
+    );
+}
+
 // === Failures ===
 
 #[test]

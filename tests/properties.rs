@@ -129,9 +129,28 @@ fn mounts() -> impl Strategy<Value = Option<Vec<Value>>> {
     ))
 }
 
+/// Declared ports: the bundled proxy routes to the TCP ones.
+fn ports() -> impl Strategy<Value = Option<Vec<Value>>> {
+    let port = (
+        prop_oneof![Just(8080), Just(9090), 1u16..10000],
+        prop_oneof![Just(None), Just(Some("TCP")), Just(Some("UDP"))],
+    )
+        .prop_map(|(p, protocol)| match protocol {
+            Some(protocol) => json!({"containerPort": p, "protocol": protocol}),
+            None => json!({"containerPort": p}),
+        });
+    prop::option::of(prop::collection::vec(port, 0..3))
+}
+
 fn container() -> impl Strategy<Value = Value> {
-    (container_name(), "[a-z]{1,6}:[0-9]", env(), mounts()).prop_map(
-        |(name, image, env, mounts)| {
+    (
+        container_name(),
+        "[a-z]{1,6}:[0-9]",
+        env(),
+        mounts(),
+        ports(),
+    )
+        .prop_map(|(name, image, env, mounts, ports)| {
             let mut c = json!({"name": name, "image": image});
             if let Some(env) = env {
                 c["env"] = Value::Array(env);
@@ -139,9 +158,11 @@ fn container() -> impl Strategy<Value = Value> {
             if let Some(mounts) = mounts {
                 c["volumeMounts"] = Value::Array(mounts);
             }
+            if let Some(ports) = ports {
+                c["ports"] = Value::Array(ports);
+            }
             c
-        },
-    )
+        })
 }
 
 fn volumes() -> impl Strategy<Value = Option<Vec<Value>>> {
@@ -443,6 +464,78 @@ proptest! {
 }
 
 // === 3. The validator and the mutator agree ===
+
+/// What the API server and other admission plugins do to a pod after our mutating webhook
+/// and before our validating one: the ServiceAccount token volume and its mount in every
+/// container, AlwaysPullImages, LimitRanger's defaults, DefaultTolerationSeconds, and another
+/// webhook's container (with a port) and volume.
+fn admitted_by_others(pod: &mut Value) {
+    let token = json!({"name": "kube-api-access-q8z2w", "readOnly": true,
+                       "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"});
+    for list in ["containers", "initContainers"] {
+        for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            let mut mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+            if !mounts.iter().any(|m| m["mountPath"] == token["mountPath"]) {
+                mounts.push(token.clone());
+                c["volumeMounts"] = Value::Array(mounts);
+            }
+            c["imagePullPolicy"] = json!("Always");
+            if c["resources"].is_null() {
+                c["resources"] = json!({"requests": {"cpu": "100m"}});
+            }
+        }
+    }
+    if pod["spec"]["volumes"].is_null() {
+        pod["spec"]["volumes"] = json!([]);
+    }
+    if let Some(volumes) = pod["spec"]["volumes"].as_array_mut() {
+        volumes.push(
+            json!({"name": "kube-api-access-q8z2w", "projected": {"sources": [
+            {"serviceAccountToken": {"path": "token"}}]}}),
+        );
+        volumes.push(json!({"name": "added-by-other-zz", "emptyDir": {}}));
+    }
+    if let Some(containers) = pod["spec"]["containers"].as_array_mut() {
+        containers.push(json!({"name": "added-by-other-zz", "image": "other:1",
+                               "ports": [{"containerPort": 7070, "protocol": "TCP"}]}));
+    }
+    pod["spec"]["tolerations"] = json!([{"key": "node.kubernetes.io/not-ready",
+        "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]);
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The rendering the validator (and a reinvocation) makes of the pod the mutator made is
+    /// the mutator's, whatever other admission plugins add in between: same status, same
+    /// verdict.
+    #[test]
+    fn what_others_add_after_us_does_not_change_the_rendering(case in pod(), which in 0usize..2) {
+        with_injector(which, |inj| {
+            let Some(object) = mutated(inj, &case) else {
+                return Ok(());
+            };
+            let before = validate(inj, &case.namespace, &object);
+            let status_key = inj.config.status_annotation.clone();
+            let mut later = object.clone();
+            admitted_by_others(&mut later);
+            let after = validate(inj, &case.namespace, &later);
+            prop_assert_eq!(&before, &after, "{:#}", later);
+            let plan = |pod: &Value| match decide(inj, &PodFacts::new(&typed(pod), Some(&case.namespace))) {
+                Ok(Decision::Inject(plan)) => Some(plan.status),
+                _ => None,
+            };
+            if let Some(status) = plan(&object) {
+                prop_assert_eq!(
+                    object["metadata"]["annotations"][&status_key].as_str(),
+                    Some(status.as_str())
+                );
+                prop_assert_eq!(plan(&later), Some(status));
+            }
+            Ok(())
+        })?;
+    }
+}
 
 proptest! {
     #![proptest_config(config())]

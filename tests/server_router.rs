@@ -13,7 +13,7 @@ use http::{Method, Request, StatusCode, header};
 use http_body_util::{BodyExt as _, Full, StreamBody};
 use proptest::prelude::*;
 use sidecar_injector::config::Injector;
-use sidecar_injector::review::{Webhook, answer};
+use sidecar_injector::review::{Webhook, answer, answer_for};
 use sidecar_injector::server::routes::{self, State};
 use tower::ServiceExt as _;
 
@@ -77,6 +77,33 @@ async fn validate_denies_an_uninjected_opted_in_pod() {
     let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(v["response"]["allowed"], false);
     assert_eq!(v["response"]["status"]["code"], 403);
+}
+
+/// The namespace entry's paths answer as `review::answer_for` with that entry: a pod without
+/// the label is injected on /mutate/namespace and left alone on /mutate.
+#[tokio::test]
+async fn the_namespace_paths_answer_for_the_namespace_entry() {
+    let s = state();
+    let inj = Injector::embedded(None).unwrap();
+    let mut review: serde_json::Value =
+        serde_json::from_slice(&server_support::review("uid-ns")).unwrap();
+    review["request"]["object"]["metadata"]["labels"] = serde_json::json!({"app": "web"});
+    let body = serde_json::to_vec(&review).unwrap();
+    for (path, webhook, entry) in sidecar_injector::review::PATHS {
+        let (status, _, bytes) = call(&s, post(path, body.clone())).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let expected = answer_for(&inj, webhook, entry, &body).unwrap().body;
+        assert_eq!(bytes, expected, "{path}");
+    }
+    let (_, _, bytes) = call(&s, post("/mutate/namespace", body.clone())).await;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(v["response"]["patchType"], "JSONPatch", "{v}");
+    let (_, _, bytes) = call(&s, post("/mutate", body)).await;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert!(v["response"].get("patch").is_none(), "{v}");
+    let (status, _, bytes) = call(&s, post("/mutate/other", "{}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert!(String::from_utf8_lossy(&bytes).contains("/validate/namespace"));
 }
 
 #[tokio::test]
