@@ -1020,16 +1020,19 @@ impl Canary {
         let key = required("E2E_INJECTOR_KEY")?;
         let dir = std::env::temp_dir().join(format!("sidecar-injector-e2e-{release_ns}"));
         std::fs::create_dir_all(&dir)?;
-        let default = include_str!("../../templates/config.yaml");
+        // The main server's configuration when the runner gives one (on a node: the stand-in
+        // images), else the embedded default; only the revision differs.
+        let base = match std::env::var("SIDECAR_INJECTOR_CONFIG") {
+            Ok(path) if !path.is_empty() => std::fs::read_to_string(&path)
+                .with_context(|| format!("cannot read SIDECAR_INJECTOR_CONFIG {path}"))?,
+            _ => include_str!("../../templates/config.yaml").to_owned(),
+        };
         ensure!(
-            default.contains("revision: \"\""),
-            "templates/config.yaml has no revision key"
+            base.contains("revision: \"\""),
+            "the configuration has no `revision: \"\"` line"
         );
         let config = dir.join("config.yaml");
-        std::fs::write(
-            &config,
-            default.replace("revision: \"\"", "revision: canary"),
-        )?;
+        std::fs::write(&config, base.replace("revision: \"\"", "revision: canary"))?;
         let port = closed_port().await?;
         let admin = closed_port().await?;
         let log = std::fs::File::create(dir.join("server.log"))?;
