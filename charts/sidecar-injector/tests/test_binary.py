@@ -84,3 +84,31 @@ def test_pods_kept_away_by_match_conditions_are_pods_the_server_skips(server_con
             assert validate.returncode == 0, validate.stderr
             assert json.loads(validate.stdout)["response"]["allowed"] is True, (name, validate.stdout)
     assert held_back, "no sample pod is held back: the samples no longer cover matchConditions"
+
+
+def test_the_binary_serves_a_revision_as_the_chart_configures_it(server_config, tmp_path):
+    """A revision's ConfigMap: the binary injects the pods naming that revision, and no other."""
+    exe, _ = server_config
+    for key, value in render("revision=canary").one("ConfigMap")["data"].items():
+        (tmp_path / key).write_text(value)
+    config = tmp_path / "config.yaml"
+
+    def explain(labels):
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "web", "namespace": "apps", "labels": labels},
+               "spec": {"containers": [{"name": "app", "image": "app"}]}}
+        proc = run(exe, "explain", "--config", str(config), "-f", "-", stdin=json.dumps(pod))
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    inject = {"sidecar-injector.io/inject": "true"}
+    assert "injected with [log-shipper, proxy]" in explain({**inject, "sidecar-injector.io/rev": "canary"})
+    out = explain(inject)
+    assert "not injected: it asks for the default revision" in out, out
+    status = run(exe, "inject", "--config", str(config), "-f", "-", stdin=json.dumps(
+        {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": "web", "namespace": "apps",
+                      "labels": {**inject, "sidecar-injector.io/rev": "canary"}},
+         "spec": {"containers": [{"name": "app", "image": "app"}]}}))
+    assert status.returncode == 0, status.stderr
+    assert '\\"revision\\":\\"canary\\"' in status.stdout, status.stdout
