@@ -11,7 +11,7 @@ use crate::config::{Injector, ValidationMode};
 use crate::inject::{
     Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits, to_patch,
 };
-use crate::validate::{denial_message, findings};
+use crate::validate::{denial_message, findings, sidecars_changed};
 
 /// Which webhook a review is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -359,22 +359,37 @@ fn validate(
     if pod.metadata.deletion_timestamp.is_some() {
         return (response, Outcome::Allowed);
     }
-    // A pod another revision injected, and that this update does not change in that respect,
-    // was checked by that revision when it was created; this revision's templates are not its
-    // own (its namespace was moved to this revision since). It is admitted, and told how to move.
+    // A pod another revision injected (its namespace was moved to this revision since) was
+    // checked against that revision's templates when it was created; they are not this
+    // revision's. Its sidecars (the containers it did not bring itself) may still not change;
+    // anything else is admitted, with a word on how to move the pod.
     if let (Operation::Update, Some(old)) = (&req.operation, &req.old_object) {
-        let other = |p: &Pod| {
-            status_of(inj, p)
-                .map(|s| s.revision)
-                .filter(|r| *r != inj.config.revision)
-        };
-        if let Some(revision) = other(pod).filter(|r| other(old).as_ref() == Some(r)) {
+        let other = |p: &Pod| status_of(inj, p).filter(|s| s.revision != inj.config.revision);
+        if let (Some(now), Some(before)) = (other(pod), other(old))
+            && now.revision == before.revision
+        {
+            let own = before.context.clone().unwrap_or_default();
+            let changed = sidecars_changed(old, pod, &own);
             let warning = format!(
-                "sidecar-injector: this pod was injected by {}; {} checks only the pods it injected. Restart the pod's workload to inject it with this revision",
-                revision_name(&revision),
+                "sidecar-injector: this pod was injected by {}; {} checks only that its sidecars do not change. Restart the pod's workload to inject it with this revision",
+                revision_name(&now.revision),
                 revision_name(&inj.config.revision)
             );
-            return (warn(response, vec![warning]), Outcome::Allowed);
+            if changed.is_empty() || inj.config.validation.mode == ValidationMode::Warn {
+                let mut warnings = vec![warning];
+                warnings.extend(changed.iter().map(|p| format!("sidecar-injector: {p}")));
+                return (warn(response, warnings), Outcome::Allowed);
+            }
+            let name = format!("{:?}", req.name);
+            return (
+                deny(
+                    warn(response, vec![warning]),
+                    403,
+                    "Forbidden",
+                    denial_message(inj, &name, &changed),
+                ),
+                Outcome::Denied,
+            );
         }
     }
     let problems = match problems(inj, entry, pod, req.namespace.as_deref()) {

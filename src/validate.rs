@@ -126,6 +126,45 @@ pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
     out
 }
 
+/// For a pod another revision injected: the containers the pod did not bring itself (those not
+/// in the status `context`, so its sidecars) whose owned fields an update changes. That
+/// revision's templates are not at hand, but its sidecars may not change either.
+pub fn sidecars_changed(old: &Pod, new: &Pod, own: &crate::inject::Seen) -> Vec<String> {
+    let mut out = Vec::new();
+    let lists = |p: &Pod| {
+        let spec = p.spec.clone().unwrap_or_default();
+        [
+            ("containers", spec.containers, &own.containers),
+            (
+                "initContainers",
+                spec.init_containers.unwrap_or_default(),
+                &own.init_containers,
+            ),
+        ]
+    };
+    for ((list, before, own), (_, after, _)) in lists(old).into_iter().zip(lists(new)) {
+        for was in before.iter().filter(|c| !own.contains(&c.name)) {
+            match after.iter().find(|c| c.name == was.name) {
+                Some(now) => {
+                    let changed = changed_fields(was, now);
+                    if !changed.is_empty() {
+                        out.push(format!(
+                            "sidecar {:?} was changed: {}; these fields belong to the injector",
+                            was.name,
+                            changed.join(", ")
+                        ));
+                    }
+                }
+                None => out.push(format!(
+                    "sidecar {:?} was removed from spec.{list}",
+                    was.name
+                )),
+            }
+        }
+    }
+    out
+}
+
 fn revision_words(revision: &str) -> String {
     match revision {
         "" => "the default revision".into(),

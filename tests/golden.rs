@@ -996,6 +996,28 @@ fn the_validator_checks_a_pod_against_the_revision_that_injected_it() {
         "{warning}"
     );
 
+    // Its sidecars still may not change: the containers the status does not list as the pod's
+    // own are held to what they were.
+    let mut changed = stored.clone();
+    for c in changed["spec"]["initContainers"]
+        .as_array_mut()
+        .expect("init containers")
+    {
+        if c["name"] == "proxy" {
+            c["image"] = json!("docker.io/envoyproxy/envoy:v0.0.1");
+        }
+    }
+    update["request"]["object"] = changed;
+    let (outcome, verdict) = ask(&default, Webhook::Validate, &update);
+    assert_eq!(outcome, Outcome::Denied, "{verdict:#}");
+    let message = verdict["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        message.contains("sidecar \"proxy\" was changed: image is"),
+        "{message}"
+    );
+
     let (outcome, verdict) = ask(&default, Webhook::Validate, &with_object(&request, &stored));
     assert_eq!(outcome, Outcome::Denied, "{verdict:#}");
     let message = verdict["response"]["status"]["message"]
