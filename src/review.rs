@@ -368,8 +368,12 @@ fn validate(
         if let (Some(now), Some(before)) = (other(pod), other(old))
             && now.revision == before.revision
         {
-            let own = before.context.clone().unwrap_or_default();
-            let changed = sidecars_changed(old, pod, &own);
+            // A status from before `context` existed cannot tell sidecars from the pod's own.
+            let changed = before
+                .context
+                .as_ref()
+                .map(|own| sidecars_changed(old, pod, own))
+                .unwrap_or_default();
             let warning = format!(
                 "sidecar-injector: this pod was injected by {}; {} checks only that its sidecars do not change. Restart the pod's workload to inject it with this revision",
                 revision_name(&now.revision),
