@@ -42,7 +42,8 @@ pub enum Command {
         #[command(flatten)]
         config: ConfigArg,
     },
-    /// Explain, for each pod or pod template, whether it is injected, why, and what is added.
+    /// Explain, for each pod or pod template, whether it is injected (by which rule) or why not,
+    /// and what is added.
     Explain(ManifestArgs),
 }
 

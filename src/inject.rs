@@ -142,12 +142,6 @@ pub struct Seen {
     pub volumes: Vec<String>,
 }
 
-impl Seen {
-    pub fn is_empty(&self) -> bool {
-        self.containers.is_empty() && self.init_containers.is_empty() && self.volumes.is_empty()
-    }
-}
-
 /// A request the injector cannot honour; the user sees the message.
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
