@@ -606,16 +606,23 @@ async fn s09_sidecar_changes_are_refused_on_update() -> anyhow::Result<()> {
         let stored = accepts(&pods, &opted_in("web")).await?;
         check_injected(&stored)?;
 
-        // replace: the log shipper's image.
-        let mut changed = stored.clone();
-        if let Some(spec) = changed.spec.as_mut() {
-            for c in spec.containers.iter_mut().filter(|c| c.name == LOG_SHIPPER) {
-                c.image = Some("cr.fluentbit.io/fluent/fluent-bit:9.9.9".into());
+        // replace: the log shipper's image. On a node the scheduler and the kubelet update the
+        // pod meanwhile, so a replace of a stale copy can meet a conflict: read it again.
+        let mut attempts = 0;
+        let message = loop {
+            let mut changed = pods.get("web").await?;
+            if let Some(spec) = changed.spec.as_mut() {
+                for c in spec.containers.iter_mut().filter(|c| c.name == LOG_SHIPPER) {
+                    c.image = Some("cr.fluentbit.io/fluent/fluent-bit:9.9.9".into());
+                }
             }
-        }
-        let message = match pods.replace("web", &PostParams::default(), &changed).await {
-            Ok(_) => anyhow::bail!("changing the log shipper's image was admitted"),
-            Err(e) => sidecar_injector_e2e::cluster::refusal(&e),
+            match pods.replace("web", &PostParams::default(), &changed).await {
+                Ok(_) => anyhow::bail!("changing the log shipper's image was admitted"),
+                Err(kube::Error::Api(status)) if status.code == 409 && attempts < 5 => {
+                    attempts += 1;
+                }
+                Err(e) => break sidecar_injector_e2e::cluster::refusal(&e),
+            }
         };
         ensure!(
             message.contains("sidecar-injector") && message.contains("\"log-shipper\"") && message.contains("image"),
@@ -633,9 +640,17 @@ async fn s09_sidecar_changes_are_refused_on_update() -> anyhow::Result<()> {
             "expected the validator's refusal naming the proxy, got: {message}"
         );
 
+        // Compared without spec.nodeName, which the scheduler sets on a node meanwhile.
+        let unbound = |pod: &Pod| {
+            let mut spec = pod.spec.clone();
+            if let Some(spec) = spec.as_mut() {
+                spec.node_name = None;
+            }
+            spec
+        };
         let now = pods.get("web").await?;
         ensure!(
-            now.spec == stored.spec,
+            unbound(&now) == unbound(&stored),
             "the refused updates changed the stored pod"
         );
         // An update that leaves the sidecars alone goes through.
