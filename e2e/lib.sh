@@ -9,6 +9,26 @@ E2E_PROBE_POD='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","label
 
 e2e_log() { printf '[e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
+# Polls server-side dry-run creates of E2E_PROBE_POD in `default` until one comes back injected
+# (the webhooks are registered and answer), at most SECONDS. CURL is the admin curl (array
+# contents) and the last argument the apiserver's URL. Prints how long it took on stderr.
+e2e_wait_for_injection() { # seconds curl-args... apiserver-url
+  local limit=$1 t0=$SECONDS out
+  shift
+  local url=${*: -1}
+  local curl=("${@:1:$#-1}")
+  until out=$("${curl[@]}" -X POST -H 'Content-Type: application/json' --data "$E2E_PROBE_POD" \
+    "$url/api/v1/namespaces/default/pods?dryRun=All" 2>/dev/null) &&
+    [[ "$out" == *'sidecar-injector.io/status'* ]]; do
+    if ((SECONDS - t0 >= limit)); then
+      e2e_log "ERROR: no injection in a server-side dry-run after ${limit}s"
+      return 1
+    fi
+    sleep 0.5
+  done
+  e2e_log "webhooks effective after ~$((SECONDS - t0))s"
+}
+
 # Builds the suite and prints how many scenarios match the filter (E2E_TEST_FILTER).
 e2e_count_scenarios() { # cargo
   local cargo=$1 list filter=()

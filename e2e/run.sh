@@ -162,18 +162,7 @@ helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
   --timeout 60s >"$WORKDIR/logs/helm-install.log" 2> >(grep -v 'symbolic link in path' >&2) ||
   die "helm install failed (see $WORKDIR/logs/helm-install.log)"
 
-injected_on_dry_run() {
-  local out
-  out=$("${ADMIN_CURL[@]}" -X POST -H 'Content-Type: application/json' --data "$E2E_PROBE_POD" \
-    "$APISERVER_URL/api/v1/namespaces/default/pods?dryRun=All" 2>/dev/null) || return 1
-  [[ "$out" == *'sidecar-injector.io/status'* ]]
-}
-t0=$SECONDS
-until injected_on_dry_run; do
-  ((SECONDS - t0 < 30)) || die "no injection in a server-side dry-run after 30s (logs: $WORKDIR/logs)"
-  sleep 0.5
-done
-log "webhooks effective after ~$((SECONDS - t0))s"
+e2e_wait_for_injection 30 "${ADMIN_CURL[@]}" "$APISERVER_URL" || die "the webhooks do not inject (logs: $WORKDIR/logs)"
 
 # ---------------------------------------------------------------- scenarios
 export E2E_MODE=local

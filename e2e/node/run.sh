@@ -157,18 +157,7 @@ helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
   --wait --timeout 120s >"$WORKDIR/logs/helm-install.log" 2> >(grep -v 'symbolic link in path' >&2) ||
   die "helm install failed (see $WORKDIR/logs/helm-install.log)"
 "${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
-injected_on_dry_run() {
-  local out
-  out=$("${ADMIN_CURL[@]}" -X POST -H 'Content-Type: application/json' --data "$E2E_PROBE_POD" \
-    "$APISERVER_URL/api/v1/namespaces/default/pods?dryRun=All" 2>/dev/null) || return 1
-  [[ "$out" == *'sidecar-injector.io/status'* ]]
-}
-t0=$SECONDS
-until injected_on_dry_run; do
-  ((SECONDS - t0 < 60)) || die "no injection in a server-side dry-run after 60s"
-  sleep 0.5
-done
-log "in-cluster webhooks effective after ~$((SECONDS - t0))s"
+e2e_wait_for_injection 60 "${ADMIN_CURL[@]}" "$APISERVER_URL" || die "the webhooks do not inject"
 
 # ---------------------------------------------------------------- a loopback injector (url mode)
 free_port() { echo $((20000 + RANDOM % 30000)); }

@@ -353,6 +353,37 @@ fn check_stream(report: &StreamReport, during: &str) -> anyhow::Result<()> {
 const STREAM_EVERY: Duration = Duration::from_millis(100);
 const STREAM_LIMIT: usize = 1_500;
 
+/// Runs `action` while opted-in pods are created in a steady stream with the mutating webhook's
+/// failurePolicy set to Fail (put back afterwards), from 2 s before to 2 s after it; then
+/// checks that not one creation failed and that every pod was stored injected.
+async fn streaming_while<F, Fut>(cx: &Ctx, during: &str, action: F) -> anyhow::Result<()>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    with_mutating_changed(
+        &cx.client,
+        &cx.env.webhook_config,
+        &cx.ns,
+        |hook| {
+            hook.failure_policy = Some("Fail".into());
+            Ok(())
+        },
+        || async {
+            let stream = PodStream::start(&cx.client, &cx.ns, STREAM_EVERY, STREAM_LIMIT);
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let acted = action().await;
+            if acted.is_ok() {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+            let report = stream.stop().await?;
+            acted?;
+            check_stream(&report, during)
+        },
+    )
+    .await
+}
+
 /// n04. With the mutating webhook's failurePolicy Fail, pod creations go on in a steady stream
 /// while one injector pod is deleted and while the Deployment is rolled
 /// (`kubectl rollout restart`): not one creation fails and every pod is stored injected.
@@ -361,72 +392,51 @@ async fn n04_no_admission_fails_while_the_injector_rolls() -> anyhow::Result<()>
     scenario("n04-rollout", &[Need::Node], |cx| async move {
         let ns = cx.env.injector_namespace.clone();
         let release = cx.env.webhook_config.clone();
-        with_mutating_changed(
-            &cx.client,
-            &cx.env.webhook_config,
-            &cx.ns,
-            |hook| {
-                hook.failure_policy = Some("Fail".into());
-                Ok(())
-            },
-            || async {
-                wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
-                let stream = PodStream::start(&cx.client, &cx.ns, STREAM_EVERY, STREAM_LIMIT);
-                let rolled = async {
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    let victim = injector_pods(&cx.client, &ns, &release)
+        wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+        streaming_while(&cx, "pod deleted, then rollout restart", || async {
+            let victim = injector_pods(&cx.client, &ns, &release)
+                .await?
+                .into_iter()
+                .next()
+                .and_then(|p| p.metadata.name)
+                .context("no injector pod to delete")?;
+            println!("deleting injector pod {victim}");
+            Api::<Pod>::namespaced(cx.client.clone(), &ns)
+                .delete(&victim, &DeleteParams::default())
+                .await?;
+            let replicas = Api::<Deployment>::namespaced(cx.client.clone(), &ns)
+                .get(&release)
+                .await?
+                .spec
+                .and_then(|s| s.replicas)
+                .unwrap_or(1);
+            eventually(
+                "the deleted injector pod to be gone and replaced",
+                ROLLOUT,
+                || async {
+                    let ready = injector_pods(&cx.client, &ns, &release).await?.len();
+                    let gone = Api::<Pod>::namespaced(cx.client.clone(), &ns)
+                        .get_opt(&victim)
                         .await?
-                        .into_iter()
-                        .next()
-                        .and_then(|p| p.metadata.name)
-                        .context("no injector pod to delete")?;
-                    println!("deleting injector pod {victim}");
-                    Api::<Pod>::namespaced(cx.client.clone(), &ns)
-                        .delete(&victim, &DeleteParams::default())
-                        .await?;
-                    let replicas = Api::<Deployment>::namespaced(cx.client.clone(), &ns)
-                        .get(&release)
-                        .await?
-                        .spec
-                        .and_then(|s| s.replicas)
-                        .unwrap_or(1);
-                    eventually(
-                        "the deleted injector pod to be gone and replaced",
-                        ROLLOUT,
-                        || async {
-                            let ready = injector_pods(&cx.client, &ns, &release).await?.len();
-                            let gone = Api::<Pod>::namespaced(cx.client.clone(), &ns)
-                                .get_opt(&victim)
-                                .await?
-                                .is_none();
-                            Ok((gone && i32::try_from(ready)? == replicas).then_some(()))
-                        },
-                    )
-                    .await?;
-                    println!("rollout restart of deployment/{release}");
-                    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-                    Api::<Deployment>::namespaced(cx.client.clone(), &ns)
-                        .patch(
-                            &release,
-                            &PatchParams::default(),
-                            &Patch::Merge(
-                                json!({"spec": {"template": {"metadata": {"annotations": {
-                                    "kubectl.kubernetes.io/restartedAt": now
-                                }}}}}),
-                            ),
-                        )
-                        .await?;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                    anyhow::Ok(())
-                }
-                .await;
-                let report = stream.stop().await?;
-                rolled?;
-                check_stream(&report, "pod deleted, then rollout restart")
-            },
-        )
+                        .is_none();
+                    Ok((gone && i32::try_from(ready)? == replicas).then_some(()))
+                },
+            )
+            .await?;
+            println!("rollout restart of deployment/{release}");
+            let now = k8s_openapi::jiff::Timestamp::now().to_string();
+            Api::<Deployment>::namespaced(cx.client.clone(), &ns)
+                .patch(
+                    &release,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {
+                        "kubectl.kubernetes.io/restartedAt": now
+                    }}}}})),
+                )
+                .await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await
+        })
         .await
     })
     .await
@@ -553,52 +563,33 @@ async fn n05_certificate_rotation_in_the_cluster() -> anyhow::Result<()> {
 
             let secrets: Api<Secret> = Api::namespaced(cx.client.clone(), &ns);
             let secret_name = format!("{release}-tls");
-            with_mutating_changed(
-                &cx.client,
-                &cx.env.webhook_config,
-                &cx.ns,
-                |hook| {
-                    hook.failure_policy = Some("Fail".into());
-                    Ok(())
-                },
-                || async {
-                    let stream = PodStream::start(&cx.client, &cx.ns, STREAM_EVERY, STREAM_LIMIT);
-                    let rotated = async {
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                        let mut secret = secrets.get(&secret_name).await?;
-                        let data = secret.data.get_or_insert_with(Default::default);
-                        data.insert("tls.crt".into(), ByteString(crt.clone()));
-                        data.insert("tls.key".into(), ByteString(key.clone()));
-                        secrets
-                            .replace(&secret_name, &PostParams::default(), &secret)
-                            .await?;
-                        println!("replaced Secret {ns}/{secret_name}");
-                        let t0 = tokio::time::Instant::now();
-                        for ip in &ips {
-                            eventually(
-                                &format!("the injector pod at {ip} to serve the new certificate"),
-                                Duration::from_secs(120),
-                                || async {
-                                    let served =
-                                        served_certificate(ip, 8443, &dns, &ca_pem).await?;
-                                    Ok((served == new_der).then_some(()))
-                                },
-                            )
-                            .await?;
-                        }
-                        println!(
-                            "both pods serve the new certificate {:?} after the Secret changed",
-                            t0.elapsed()
-                        );
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                        anyhow::Ok(())
-                    }
-                    .await;
-                    let report = stream.stop().await?;
-                    rotated?;
-                    check_stream(&report, "certificate rotation")
-                },
-            )
+            streaming_while(&cx, "certificate rotation", || async {
+                let mut secret = secrets.get(&secret_name).await?;
+                let data = secret.data.get_or_insert_with(Default::default);
+                data.insert("tls.crt".into(), ByteString(crt.clone()));
+                data.insert("tls.key".into(), ByteString(key.clone()));
+                secrets
+                    .replace(&secret_name, &PostParams::default(), &secret)
+                    .await?;
+                println!("replaced Secret {ns}/{secret_name}");
+                let t0 = tokio::time::Instant::now();
+                for ip in &ips {
+                    eventually(
+                        &format!("the injector pod at {ip} to serve the new certificate"),
+                        Duration::from_secs(120),
+                        || async {
+                            let served = served_certificate(ip, 8443, &dns, &ca_pem).await?;
+                            Ok((served == new_der).then_some(()))
+                        },
+                    )
+                    .await?;
+                }
+                println!(
+                    "both pods serve the new certificate {:?} after the Secret changed",
+                    t0.elapsed()
+                );
+                Ok(())
+            })
             .await?;
             let after = injector_pods(&cx.client, &ns, &release).await?;
             let mut after_ids: Vec<_> = after.iter().map(fingerprint).collect();
