@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make bench`: release builds, then on 127.0.0.1 only and bounded in time:
 #   1. criterion: engine time as pods grow (benches/engine.rs), about a minute;
-#   2. bench-run: the transport ceiling and the webhook under the same load generator,
-#      latency at half the ceiling rate, peak RSS, start-up to /readyz (about two minutes).
+#   2. bench-run: the transport ceiling, the webhook and the peer (Istio's injector, built from
+#      the Go module proxy by bench/istio/build.sh and cached outside the checkout) under the
+#      same load generator, the large pod on webhook and peer, latency at half the ceiling rate,
+#      peak RSS, start-up to /readyz (about three minutes).
 # Prints a table with the goals and writes target/bench/summary.json in the repository.
 # Extra arguments go to bench-run (e.g. --duration 3 --rounds 1 for a quick look).
 set -euo pipefail
@@ -23,5 +25,17 @@ CRITERION_HOME="$out/criterion" timeout 300 \
 revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- src 2>/dev/null || revision="$revision+uncommitted-src"
 
-timeout 540 "$cargo" run --release -q -p sidecar-injector-bench --bin bench-run -- \
-  --out "$out" --criterion "$out/criterion" --revision "$revision" "$@"
+# The peer. If it cannot be built (no Go toolchain, no network on a first build), everything
+# else is still measured and the report says why the peer rows are missing.
+peer=()
+if istio=$(timeout 900 bash bench/istio/build.sh 2>"$out/istio-build.log" | tail -n 1) \
+  && [[ -x "$istio" ]]; then
+  peer=(--istio "$istio")
+else
+  reason="bench/istio/build.sh failed: $(tail -n 3 "$out/istio-build.log" | tr '\n' ' ')"
+  echo "WARNING: the peer row is not measured: $reason" >&2
+  peer=(--istio-unavailable "$reason")
+fi
+
+timeout 600 "$cargo" run --release -q -p sidecar-injector-bench --bin bench-run -- \
+  --out "$out" --criterion "$out/criterion" --revision "$revision" "${peer[@]}" "$@"

@@ -24,6 +24,83 @@ pub fn review_body() -> anyhow::Result<Vec<u8>> {
     Ok(serde_json::to_vec(&value)?)
 }
 
+/// The review with the env of container `i` replaced by `env[i]` variables (every tenth from a
+/// secret), compact: the same bodies as the engine benches' (`benches/engine.rs`), e.g.
+/// `&[2_000, 2_000]` for the large pod.
+pub fn review_with_env(env: &[usize]) -> anyhow::Result<Vec<u8>> {
+    let mut review: serde_json::Value =
+        serde_json::from_str(REVIEW).context("bench/review.json")?;
+    let containers = review["request"]["object"]["spec"]["containers"]
+        .as_array_mut()
+        .context("bench/review.json has no containers")?;
+    anyhow::ensure!(
+        containers.len() >= env.len(),
+        "bench/review.json has too few containers"
+    );
+    for (c, (container, count)) in containers.iter_mut().zip(env).enumerate() {
+        container["env"] = (0..*count)
+            .map(|i| {
+                let name = format!("C{c}_VAR_{i:05}");
+                if i % 10 == 9 {
+                    serde_json::json!({"name": name, "valueFrom": {"secretKeyRef": {"name": "app-secrets", "key": format!("key-{i}")}}})
+                } else {
+                    serde_json::json!({"name": name, "value": format!("value-{i}-of-{count}")})
+                }
+            })
+            .collect();
+    }
+    Ok(serde_json::to_vec(&review)?)
+}
+
+/// The parts of an answer that say whether the pod was injected.
+#[derive(Deserialize)]
+struct Answer<'a> {
+    #[serde(borrow)]
+    response: Option<AnswerResponse<'a>>,
+}
+
+#[derive(Deserialize)]
+struct AnswerResponse<'a> {
+    #[serde(borrow)]
+    uid: Option<std::borrow::Cow<'a, str>>,
+    #[serde(default)]
+    allowed: bool,
+    #[serde(borrow, rename = "patchType")]
+    patch_type: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    patch: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// Checks that `answer` is an AdmissionReview that allows the request with uid `uid` and carries
+/// a non-empty JSONPatch: an injection, not an error answered with status 200. Returns the
+/// length of the (base64) patch.
+pub fn check_answer(answer: &[u8], uid: &str) -> anyhow::Result<usize> {
+    let parsed: Answer<'_> =
+        serde_json::from_slice(answer).context("answer is not an AdmissionReview")?;
+    let response = parsed.response.context("answer has no response")?;
+    anyhow::ensure!(
+        response.uid.as_deref() == Some(uid),
+        "answer does not echo the request's uid"
+    );
+    anyhow::ensure!(response.allowed, "answer does not allow the pod");
+    anyhow::ensure!(
+        response.patch_type.as_deref() == Some("JSONPatch"),
+        "answer has no JSONPatch"
+    );
+    let patch = response.patch.unwrap_or_default();
+    anyhow::ensure!(!patch.is_empty(), "answer has an empty patch");
+    Ok(patch.len())
+}
+
+/// The uid of the request in an AdmissionReview body.
+pub fn request_uid(body: &[u8]) -> anyhow::Result<String> {
+    let review: serde_json::Value = serde_json::from_slice(body).context("body is not JSON")?;
+    review["request"]["uid"]
+        .as_str()
+        .map(str::to_owned)
+        .context("body has no request.uid")
+}
+
 /// A free port on 127.0.0.1 (bound, then released for the server about to be started).
 pub fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind(SocketAddr::new(LOOPBACK, 0))?;
@@ -103,6 +180,10 @@ pub struct LoadReport {
     pub requests: u64,
     /// Failed requests (transport errors or a status other than 200), warm-up included.
     pub errors: u64,
+    /// Answers with status 200 that are not an injection (`check_answer` failed: not allowed, no
+    /// JSONPatch, another uid), warm-up included; not counted in `requests`.
+    #[serde(default)]
+    pub invalid: u64,
     /// Open loop: requests never sent because the server was too far behind (their latency is
     /// counted up to the moment they were given up).
     #[serde(default)]
@@ -139,6 +220,39 @@ mod tests {
         assert!((percentile_ms(&samples, 0.99) - 99.0).abs() < 1e-9);
         assert!((percentile_ms(&samples, 1.0) - 100.0).abs() < 1e-9);
         assert!(percentile_ms(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn answers_are_checked_for_an_injection() {
+        let ok = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"u1","allowed":true,"patchType":"JSONPatch","patch":"W10="}}"#;
+        assert_eq!(check_answer(ok, "u1").expect("an injection"), 4);
+        assert!(check_answer(ok, "u2").is_err(), "another uid");
+        for bad in [
+            r#"{"response":{"uid":"u1","allowed":false,"status":{"message":"no"}}}"#,
+            r#"{"response":{"uid":"u1","allowed":true}}"#,
+            r#"{"response":{"uid":"u1","allowed":true,"patchType":"JSONPatch","patch":""}}"#,
+            r#"{"kind":"AdmissionReview"}"#,
+            "not json",
+        ] {
+            assert!(check_answer(bad.as_bytes(), "u1").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn large_pod_has_the_asked_env() {
+        let body = review_with_env(&[20, 30]).expect("builds");
+        let review: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        let containers = &review["request"]["object"]["spec"]["containers"];
+        assert_eq!(containers[0]["env"].as_array().map(Vec::len), Some(20));
+        assert_eq!(containers[1]["env"].as_array().map(Vec::len), Some(30));
+        assert_eq!(
+            containers[1]["env"][9]["valueFrom"]["secretKeyRef"]["key"],
+            "key-9"
+        );
+        assert_eq!(
+            request_uid(&body).expect("uid"),
+            "0f6b4a4e-6f1c-4a63-9a1e-3c0d1b2c7e55"
+        );
     }
 
     #[test]

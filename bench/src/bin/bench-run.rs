@@ -1,8 +1,12 @@
 //! The driver behind `make bench` (bench/run.sh builds everything and runs criterion first).
-//! On 127.0.0.1 only, it starts the transport ceiling (`ceiling`) and the release webhook
-//! (`sidecar-injector serve`), checks the webhook's first answer, drives both with `loadgen`,
-//! measures the webhook's footprint and start-up time, reads the criterion results, prints a
-//! table with the goals, and writes `summary.json`.
+//! On 127.0.0.1 only, it starts the transport ceiling (`ceiling`), the release webhook
+//! (`sidecar-injector serve`) and the peer (`istio-peer`: Istio's injection webhook, built by
+//! bench/istio/build.sh), checks their first answers, drives all three with `loadgen`, measures
+//! the webhook's footprint and start-up time, reads the criterion results, prints a table with
+//! the goals, and writes `summary.json`.
+
+// The summary is one `json!` object, deeper than the macro's default recursion limit allows.
+#![recursion_limit = "256"]
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -13,7 +17,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
 use serde_json::{Value, json};
-use sidecar_injector_bench::{LOOPBACK, LoadReport, free_port, make_pki, review_body};
+use sidecar_injector_bench::{
+    LOOPBACK, LoadReport, free_port, make_pki, review_body, review_with_env,
+};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -53,6 +59,24 @@ struct Args {
     /// Stop everything and fail after this many seconds.
     #[arg(long, default_value_t = 480)]
     budget: u64,
+    /// The peer: `istio-peer` (bench/istio/build.sh prints its path). Without it the peer rows
+    /// are reported as not measured.
+    #[arg(long)]
+    istio: Option<PathBuf>,
+    /// Why there is no peer binary (bench/run.sh passes the build's failure), for the report.
+    #[arg(long, conflicts_with = "istio")]
+    istio_unavailable: Option<String>,
+    /// Env vars in each of the two containers of the large pod sent to the webhook and the peer.
+    #[arg(long, default_value_t = 2_000)]
+    large_env: usize,
+}
+
+/// A server under load: its name in the tables, its port and the path it serves reviews on.
+#[derive(Clone, Copy)]
+struct Endpoint {
+    name: &'static str,
+    port: u16,
+    path: &'static str,
 }
 
 /// A server process of ours; killed when dropped.
@@ -164,15 +188,18 @@ impl Bench {
         }
     }
 
-    fn loadgen(&mut self, server: &str, port: u16, extra: &[String]) -> anyhow::Result<String> {
+    fn loadgen(&mut self, server: Endpoint, extra: &[String]) -> anyhow::Result<String> {
         let limit =
             Duration::from_secs_f64(self.args.warmup + self.args.duration + 45.0).min(self.left()?);
         let mut cmd = Command::new(&self.loadgen);
         cmd.arg("--addr")
-            .arg(SocketAddr::new(LOOPBACK, port).to_string())
+            .arg(SocketAddr::new(LOOPBACK, server.port).to_string())
             .arg("--ca")
             .arg(&self.ca)
+            .arg("--path")
+            .arg(server.path)
             .args(extra);
+        let server = server.name;
         let output = run_bounded(cmd, limit)?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         ensure!(
@@ -186,12 +213,25 @@ impl Bench {
 
     fn load(
         &mut self,
-        server: &'static str,
-        port: u16,
+        server: Endpoint,
         proto: Proto,
         rate: Option<f64>,
     ) -> anyhow::Result<LoadReport> {
+        self.load_body(server, proto, rate, None)
+    }
+
+    /// A load run; `body` is an AdmissionReview file to send instead of the typical review.
+    fn load_body(
+        &mut self,
+        server: Endpoint,
+        proto: Proto,
+        rate: Option<f64>,
+        body: Option<&Path>,
+    ) -> anyhow::Result<LoadReport> {
         let mut extra = self.shape(proto);
+        if let Some(body) = body {
+            extra.extend(["--body".into(), body.display().to_string()]);
+        }
         extra.extend([
             "--duration".into(),
             self.args.duration.to_string(),
@@ -202,11 +242,12 @@ impl Bench {
             extra.extend(["--rate".into(), format!("{rate:.0}")]);
         }
         let before = loadavg();
-        let line = self.loadgen(server, port, &extra)?;
+        let line = self.loadgen(server, &extra)?;
         let report: LoadReport =
             serde_json::from_str(&line).with_context(|| format!("loadgen printed {line:?}"))?;
         eprintln!(
-            "  {server:8} {:8} {:6} {:>7}  {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}  not sent {}",
+            "  {:8} {:8} {:6} {:>7}  {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}  invalid {}  not sent {}",
+            server.name,
             proto.label(),
             report.mode,
             rate.map_or(String::new(), |r| format!("@{r:.0}")),
@@ -214,10 +255,12 @@ impl Bench {
             report.p50_ms,
             report.p99_ms,
             report.errors,
+            report.invalid,
             report.unsent
         );
         let mut value = serde_json::to_value(&report)?;
-        value["server"] = server.into();
+        value["server"] = server.name.into();
+        value["body"] = body.map_or("typical".into(), |_| "large_pod".into());
         value["loadavg_before"] = before.into();
         value["loadavg_after"] = loadavg().into();
         self.runs.push(value);
@@ -286,39 +329,120 @@ fn main() -> anyhow::Result<()> {
         &tmp.join("webhook.log"),
     )?;
     let first_ready = wait_ready(&mut webhook, admin_port, webhook_start)?;
-    wait_listening(&mut ceiling, ceiling_port)?;
+    wait_listening(&mut ceiling, ceiling_port, Duration::from_secs(10))?;
     eprintln!(
         "webhook ready in {:.1} ms; checking first answers",
         ms(first_ready)
     );
-    for (name, port) in [("webhook", webhook_port), ("ceiling", ceiling_port)] {
-        for proto in ["1", "2"] {
-            let line = bench.loadgen(
-                name,
-                port,
-                &["--check".into(), "--http".into(), proto.into()],
+    let ceiling_ep = Endpoint {
+        name: "ceiling",
+        port: ceiling_port,
+        path: "/mutate",
+    };
+    let webhook_ep = Endpoint {
+        name: "webhook",
+        port: webhook_port,
+        path: "/mutate",
+    };
+
+    // The peer: Istio's injector, with as many Go threads running at once as the webhook's
+    // runtime has workers (tokio's default: one per core this process may use).
+    let gomaxprocs = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut peer = match bench.args.istio.clone() {
+        Some(bin) => {
+            let port = free_port()?;
+            let mut server = spawn_logged(
+                "istio",
+                Command::new(&bin)
+                    .arg("--listen")
+                    .arg(SocketAddr::new(LOOPBACK, port).to_string())
+                    .arg("--tls-cert-file")
+                    .arg(&cert)
+                    .arg("--tls-key-file")
+                    .arg(&key)
+                    .arg("--gomaxprocs")
+                    .arg(gomaxprocs.to_string())
+                    .arg("--exit-after")
+                    .arg(format!("{}s", bench.args.budget)),
+                &tmp.join("istio.log"),
             )?;
-            eprintln!("  {name} HTTP/{proto}: {line}");
+            // It renders Istio's charts before it listens: allow it more than our own servers.
+            let start = Instant::now();
+            wait_listening(&mut server, port, Duration::from_secs(60))?;
+            eprintln!("istio listening in {:.1} ms", ms(start.elapsed()));
+            Some((
+                server,
+                Endpoint {
+                    name: "istio",
+                    port,
+                    path: "/inject",
+                },
+            ))
+        }
+        None => None,
+    };
+    let peer_ep = peer.as_ref().map(|(_, ep)| *ep);
+    let large_body = tmp.join("large-pod.json");
+    std::fs::write(
+        &large_body,
+        review_with_env(&[bench.args.large_env, bench.args.large_env])?,
+    )?;
+    for ep in [Some(webhook_ep), Some(ceiling_ep), peer_ep]
+        .into_iter()
+        .flatten()
+    {
+        for proto in ["1", "2"] {
+            let line = bench.loadgen(ep, &["--check".into(), "--http".into(), proto.into()])?;
+            eprintln!("  {} HTTP/{proto}: {line}", ep.name);
         }
     }
+    // Does each injector answer the large pod with an injection? The peer may refuse it; then
+    // its large-pod row says why instead of a number.
+    let large_check = |bench: &mut Bench, ep: Endpoint| {
+        bench.loadgen(
+            ep,
+            &[
+                "--check".into(),
+                "--body".into(),
+                large_body.display().to_string(),
+            ],
+        )
+    };
+    let line = large_check(&mut bench, webhook_ep)?;
+    eprintln!("  webhook, large pod: {line}");
+    let peer_large = match peer_ep {
+        Some(ep) => match large_check(&mut bench, ep) {
+            Ok(line) => {
+                eprintln!("  istio, large pod: {line}");
+                Ok(ep)
+            }
+            Err(err) => {
+                eprintln!("  istio does not inject the large pod: {err:#}");
+                Err(format!("{err:#}"))
+            }
+        },
+        None => Err("no peer".to_owned()),
+    };
 
+    let mut servers = vec![(0, ceiling_ep), (1, webhook_ep)];
+    if let Some(ep) = peer_ep {
+        servers.push((2, ep));
+    }
     eprintln!("saturation (closed loop), best of {}:", bench.args.rounds);
-    let mut best = [[0.0_f64; 2]; 2]; // [ceiling, webhook][h1, h2]
+    let mut best = [[0.0_f64; 2]; 3]; // [ceiling, webhook, istio][h1, h2]
     let mut errors = 0;
     for round in 0..bench.args.rounds {
-        let mut order = [
-            (0, "ceiling", ceiling_port, Proto::H1),
-            (1, "webhook", webhook_port, Proto::H1),
-            (0, "ceiling", ceiling_port, Proto::H2),
-            (1, "webhook", webhook_port, Proto::H2),
-        ];
+        let mut order: Vec<(usize, Endpoint, Proto)> = [Proto::H1, Proto::H2]
+            .into_iter()
+            .flat_map(|proto| servers.iter().map(move |&(side, ep)| (side, ep, proto)))
+            .collect();
         // ABBA: drift on the machine does not favour one side.
         if round % 2 == 1 {
             order.reverse();
         }
-        for (side, name, port, proto) in order {
-            let report = bench.load(name, port, proto, None)?;
-            errors += report.errors;
+        for (side, ep, proto) in order {
+            let report = bench.load(ep, proto, None)?;
+            errors += report.errors + report.invalid;
             let p = proto as usize;
             best[side][p] = best[side][p].max(report.rps);
         }
@@ -329,10 +453,11 @@ fn main() -> anyhow::Result<()> {
     for proto in [Proto::H1, Proto::H2] {
         let half = |rps: f64| (rps / 2.0).floor().max(1.0);
         let (rate, own_rate) = (half(best[0][proto as usize]), half(best[1][proto as usize]));
-        let hook = bench.load("webhook", webhook_port, proto, Some(rate))?;
-        let ceil = bench.load("ceiling", ceiling_port, proto, Some(rate))?;
-        let own = bench.load("webhook", webhook_port, proto, Some(own_rate))?;
+        let hook = bench.load(webhook_ep, proto, Some(rate))?;
+        let ceil = bench.load(ceiling_ep, proto, Some(rate))?;
+        let own = bench.load(webhook_ep, proto, Some(own_rate))?;
         errors += hook.errors + ceil.errors + own.errors;
+        errors += hook.invalid + ceil.invalid + own.invalid;
         latency.push(Latency {
             proto,
             rate,
@@ -346,10 +471,47 @@ fn main() -> anyhow::Result<()> {
     // 4: footprint. VmHWM is the peak resident set since the process started.
     let rss_mb = vm_hwm_kib(webhook.pid())? as f64 / 1024.0;
     let ceiling_rss_mb = vm_hwm_kib(ceiling.pid())? as f64 / 1024.0;
+    // The large pod, webhook and peer alternating the same way (HTTP/1.1, the same shape). After
+    // the footprint is read: 16 large bodies in flight raise a peak RSS that is the typical
+    // review's goal.
+    let mut large: [Option<LoadReport>; 2] = [None, None];
+    if let Ok(peer_ep) = &peer_large {
+        eprintln!(
+            "large pod (2 x {} env), closed loop, best of {}:",
+            bench.args.large_env, bench.args.rounds
+        );
+        for round in 0..bench.args.rounds {
+            let mut order = [(0, webhook_ep), (1, *peer_ep)];
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for (side, ep) in order {
+                let report = bench.load_body(ep, Proto::H1, None, Some(&large_body))?;
+                errors += report.errors + report.invalid;
+                if large[side].as_ref().is_none_or(|b| report.rps > b.rps) {
+                    large[side] = Some(report);
+                }
+            }
+        }
+    }
+
+    let large_rss_mb = match large[0] {
+        Some(_) => Some(vm_hwm_kib(webhook.pid())? as f64 / 1024.0),
+        None => None,
+    };
     webhook.exited()?;
     ceiling.exited()?;
     drop(webhook);
     drop(ceiling);
+    let istio_rss_mb = match &mut peer {
+        Some((server, _)) => {
+            let rss = vm_hwm_kib(server.pid())? as f64 / 1024.0;
+            server.exited()?;
+            Some(rss)
+        }
+        None => None,
+    };
+    drop(peer);
 
     let mut ready = Vec::new();
     for _ in 0..bench.args.ready_starts {
@@ -389,6 +551,20 @@ fn main() -> anyhow::Result<()> {
 
     let [ceiling_rps, ceiling_rps_h2] = best[0];
     let [webhook_rps, webhook_rps_h2] = best[1];
+    let [istio_rps, istio_rps_h2] = match peer_ep {
+        Some(_) => best[2].map(Some),
+        None => [None, None],
+    };
+    let [large_webhook, large_istio] = &large;
+    let large_ratio = large_webhook
+        .as_ref()
+        .zip(large_istio.as_ref())
+        .map(|(w, i)| w.rps / i.rps);
+    let peer_reason = bench
+        .args
+        .istio_unavailable
+        .clone()
+        .unwrap_or_else(|| "no --istio given".to_owned());
     let (h1, h2) = (&latency[0], &latency[1]);
     let goals = vec![
         goal(
@@ -467,25 +643,66 @@ fn main() -> anyhow::Result<()> {
     println!(
         "1-minute load average during the load runs: {low:.2} to {high:.2} (the benchmark's own processes included)"
     );
+    match peer_ep {
+        Some(_) => println!(
+            "peer: istio = Istio's injection webhook ({ISTIO_MODULE} {}, pkg/kube/inject, default template and mesh config), POST /inject, GOMAXPROCS {gomaxprocs}",
+            istio_version()
+        ),
+        None => println!("peer: istio NOT MEASURED: {peer_reason}"),
+    }
     println!();
     println!(
-        "| server | protocol | shape | req/s (best of {}) | webhook / ceiling |",
+        "| server | protocol | shape | req/s (best of {}) | / ceiling | webhook / istio |",
         bench.args.rounds
     );
-    println!("|---|---|---|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|");
     for proto in [Proto::H1, Proto::H2] {
-        let (c, w) = (best[0][proto as usize], best[1][proto as usize]);
+        let p = proto as usize;
+        let (c, w) = (best[0][p], best[1][p]);
+        let (label, shape) = (proto.label(), bench.shape_label(proto));
+        let peer = peer_ep.map(|_| best[2][p]);
+        println!("| ceiling | {label} | {shape} | {c:.0} | | |");
         println!(
-            "| ceiling | {} | {} | {c:.0} | |",
-            proto.label(),
-            bench.shape_label(proto)
+            "| webhook | {label} | {shape} | {w:.0} | {:.2} | {} |",
+            w / c,
+            peer.map_or("not measured".into(), |i| format!("{:.2}", w / i))
         );
-        println!(
-            "| webhook | {} | {} | {w:.0} | {:.2} |",
-            proto.label(),
-            bench.shape_label(proto),
-            w / c
-        );
+        if let Some(i) = peer {
+            println!("| istio | {label} | {shape} | {i:.0} | {:.2} | |", i / c);
+        }
+    }
+    println!();
+    let large_bytes = std::fs::metadata(&large_body).map_or(0, |m| m.len());
+    println!(
+        "| large pod (2 x {} env, {large_bytes} bytes), HTTP/1.1, {} | req/s (best of {}) | p50 ms | p99 ms | webhook / istio |",
+        bench.args.large_env,
+        bench.shape_label(Proto::H1),
+        bench.args.rounds
+    );
+    println!("|---|---:|---:|---:|---:|");
+    for (name, report) in [("webhook", large_webhook), ("istio", large_istio)] {
+        match report {
+            Some(r) => println!(
+                "| {name} | {:.0} | {:.3} | {:.3} | {} |",
+                r.rps,
+                r.p50_ms,
+                r.p99_ms,
+                match (name, large_ratio) {
+                    ("webhook", Some(ratio)) => format!("{ratio:.2}"),
+                    _ => String::new(),
+                }
+            ),
+            None => println!(
+                "| {name} | not measured: {} | | | |",
+                match (&peer_ep, &peer_large) {
+                    (None, _) => peer_reason.clone(),
+                    (Some(_), Err(why)) => format!("istio does not inject it: {why}"),
+                    (Some(_), Ok(_)) => "no run".to_owned(),
+                }
+                .replace('|', "/")
+                .replace('\n', " ")
+            ),
+        }
     }
     println!();
     println!(
@@ -526,6 +743,14 @@ fn main() -> anyhow::Result<()> {
     println!("|---|---:|");
     println!("| webhook peak RSS (VmHWM) after all load | {rss_mb:.1} MiB |");
     println!("| ceiling peak RSS (VmHWM) after all load | {ceiling_rss_mb:.1} MiB |");
+    if let Some(rss) = large_rss_mb {
+        println!("| webhook peak RSS (VmHWM) after the large pod too | {rss:.1} MiB |");
+    }
+    if let Some(rss) = istio_rss_mb {
+        println!(
+            "| istio peak RSS (VmHWM) after all load, the large pod included | {rss:.1} MiB |"
+        );
+    }
     println!(
         "| webhook start to /readyz 200, median of {} | {ready_ms:.1} ms (all: {}) |",
         ready.len(),
@@ -565,6 +790,21 @@ fn main() -> anyhow::Result<()> {
         );
     }
 
+    let peer_summary = json!({
+        "name": "istio",
+        "module": ISTIO_MODULE,
+        "version": istio_version(),
+        "package": "pkg/kube/inject",
+        "path": "/inject",
+        "gomaxprocs": gomaxprocs,
+        "measured": peer_ep.is_some(),
+        "unavailable": peer_ep.is_none().then_some(&peer_reason),
+        "large_pod": match &peer_large {
+            Ok(_) => "injected".to_owned(),
+            Err(why) => why.clone(),
+        },
+        "rss_mb": istio_rss_mb,
+    });
     let summary = json!({
         "webhook_rps": webhook_rps,
         "ceiling_rps": ceiling_rps,
@@ -588,11 +828,22 @@ fn main() -> anyhow::Result<()> {
         "own_half_rps_h2": h2.own_rate,
         "own_half_p50_ms_h2": h2.own.p50_ms,
         "own_half_p99_ms_h2": h2.own.p99_ms,
+        "istio_rps": istio_rps,
+        "istio_rps_h2": istio_rps_h2,
+        "webhook_istio_ratio": istio_rps.map(|i| webhook_rps / i),
+        "webhook_istio_ratio_h2": istio_rps_h2.map(|i| webhook_rps_h2 / i),
+        "large_pod_webhook_rps": large_webhook.as_ref().map(|r| r.rps),
+        "large_pod_istio_rps": large_istio.as_ref().map(|r| r.rps),
+        "large_pod_webhook_p50_ms": large_webhook.as_ref().map(|r| r.p50_ms),
+        "large_pod_istio_p50_ms": large_istio.as_ref().map(|r| r.p50_ms),
+        "large_pod_webhook_istio_ratio": large_ratio,
+        "peer": peer_summary,
         "large_pod_ms": large_pod_ms,
         "scaling_ratio": scaling_ratio,
         "engine_us": engine.iter().map(|(n, ns)| (n.clone(), json!(ns / 1e3))).collect::<serde_json::Map<_, _>>(),
         "rss_mb": rss_mb,
         "ceiling_rss_mb": ceiling_rss_mb,
+        "large_pod_rss_mb": large_rss_mb,
         "ready_ms": ready_ms,
         "ready_ms_all": ready,
         "first_ready_ms": ms(first_ready),
@@ -607,6 +858,8 @@ fn main() -> anyhow::Result<()> {
             "warmup_s": bench.args.warmup,
             "h1": bench.shape_label(Proto::H1),
             "h2": bench.shape_label(Proto::H2),
+            "large_pod_env": [bench.args.large_env, bench.args.large_env],
+            "large_pod_bytes": large_bytes,
         },
         "runs": bench.runs,
     });
@@ -614,6 +867,24 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(&path, serde_json::to_string_pretty(&summary)? + "\n")?;
     println!("\nwrote {}", path.display());
     Ok(())
+}
+
+/// The peer's module, as bench/istio/go.mod pins it.
+const ISTIO_MODULE: &str = "istio.io/istio";
+const ISTIO_GO_MOD: &str = include_str!("../../istio/go.mod");
+
+/// The version of `ISTIO_MODULE` the harness is built against.
+fn istio_version() -> &'static str {
+    ISTIO_GO_MOD
+        .lines()
+        .find_map(|line| {
+            let mut words = line.split_whitespace();
+            match (words.next(), words.next()) {
+                (Some(ISTIO_MODULE), Some(version)) => Some(version),
+                _ => None,
+            }
+        })
+        .unwrap_or("unknown")
 }
 
 fn goal(name: &str, measured: Option<f64>, op: &str, target: f64, unit: &str) -> Value {
@@ -627,10 +898,20 @@ fn ms(d: Duration) -> f64 {
 
 fn spawn(name: &'static str, cmd: &mut Command, log: &Path) -> anyhow::Result<Server> {
     let stderr = std::fs::File::create(log)?;
+    cmd.stdout(Stdio::null()).stderr(stderr);
+    start(name, cmd, log)
+}
+
+/// Like `spawn`, with standard output going to the log too (Istio logs there).
+fn spawn_logged(name: &'static str, cmd: &mut Command, log: &Path) -> anyhow::Result<Server> {
+    let stderr = std::fs::File::create(log)?;
+    cmd.stdout(stderr.try_clone()?).stderr(stderr);
+    start(name, cmd, log)
+}
+
+fn start(name: &'static str, cmd: &mut Command, log: &Path) -> anyhow::Result<Server> {
     let child = cmd
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(stderr)
         .spawn()
         .with_context(|| format!("cannot start {name}"))?;
     Ok(Server {
@@ -697,14 +978,14 @@ fn readyz(addr: SocketAddr) -> bool {
     attempt().unwrap_or(false)
 }
 
-fn wait_listening(server: &mut Server, port: u16) -> anyhow::Result<()> {
+fn wait_listening(server: &mut Server, port: u16, limit: Duration) -> anyhow::Result<()> {
     let start = Instant::now();
     let addr = SocketAddr::new(LOOPBACK, port);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
         server.exited()?;
         ensure!(
-            start.elapsed() < Duration::from_secs(10),
-            "{} not listening after 10 s",
+            start.elapsed() < limit,
+            "{} not listening after {limit:?}",
             server.name
         );
         std::thread::sleep(Duration::from_millis(1));
