@@ -39,5 +39,5 @@ test-e2e-node: ## The scenarios on a real node: a whole cluster in its own netwo
 # The control plane is built before the chart tests, which also install the chart into it.
 test: lint test-unit control-plane test-chart test-e2e test-e2e-node ## Everything CI runs.
 
-bench: ## Benchmarks (release; loopback only; about 10 minutes).
+bench: ## Benchmarks, with Istio's injector as the peer row (release; loopback only; about 10 minutes, plus the peer's first Go build).
 	bash bench/run.sh
