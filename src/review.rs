@@ -72,7 +72,12 @@ pub struct Answer {
     pub body: Vec<u8>,
     pub outcome: Outcome,
     pub summary: Summary,
+    /// For an injection: each template injected and its hash ([`crate::template::TemplateSet::hash`]).
+    pub injected: Injected,
 }
+
+/// Template names with their hashes.
+pub type Injected = Vec<(String, String)>;
 
 /// A body that is not an AdmissionReview at all, so there is no uid to answer to.
 #[derive(Debug, thiserror::Error)]
@@ -132,14 +137,18 @@ pub fn answer_for(
         name: pod_name(&req),
         operation: format!("{:?}", req.operation).to_uppercase(),
     };
-    let (response, outcome) = match webhook {
+    let (response, outcome, injected) = match webhook {
         Webhook::Mutate => mutate(inj, entry, &req),
-        Webhook::Validate => validate(inj, entry, &req),
+        Webhook::Validate => {
+            let (response, outcome) = validate(inj, entry, &req);
+            (response, outcome, Vec::new())
+        }
     };
     Ok(Answer {
         body: encode(response),
         outcome,
         summary,
+        injected,
     })
 }
 
@@ -189,6 +198,7 @@ fn refuse_unreadable(body: &[u8], error: &serde_json::Error) -> Result<Answer, R
                 body: encode(response),
                 outcome: Outcome::Allowed,
                 summary,
+                injected: Vec::new(),
             })
         }
         Ok(env) if VERSIONS.contains(&env.api_version.as_str()) && !env.request.uid.is_empty() => {
@@ -204,6 +214,7 @@ fn refuse_unreadable(body: &[u8], error: &serde_json::Error) -> Result<Answer, R
                 body: encode(response),
                 outcome: Outcome::Error,
                 summary,
+                injected: Vec::new(),
             })
         }
         _ => Err(ReviewError::Unreadable(error.to_string())),
@@ -277,14 +288,15 @@ fn inject_error(response: AdmissionResponse, error: &InjectError) -> (AdmissionR
     }
 }
 
+/// The mutating answer, and for an injection the templates injected with their hashes.
 fn mutate(
     inj: &Injector,
     entry: Entry,
     req: &AdmissionRequest<Pod>,
-) -> (AdmissionResponse, Outcome) {
+) -> (AdmissionResponse, Outcome, Injected) {
     let response = AdmissionResponse::from(req);
     if req.operation != Operation::Create || !is_pod(req) {
-        return (response, Outcome::Allowed);
+        return (response, Outcome::Allowed, Vec::new());
     }
     let Some(pod) = req.object.as_ref() else {
         return (
@@ -295,12 +307,16 @@ fn mutate(
                 "sidecar-injector: CREATE request has no object".into(),
             ),
             Outcome::Error,
+            Vec::new(),
         );
     };
     let facts = PodFacts::new(pod, req.namespace.as_deref()).with_entry(entry);
     match decide(inj, &facts) {
-        Err(error) => inject_error(response, &error),
-        Ok(Decision::NotOptedIn) => (response, Outcome::Allowed),
+        Err(error) => {
+            let (response, outcome) = inject_error(response, &error);
+            (response, outcome, Vec::new())
+        }
+        Ok(Decision::NotOptedIn) => (response, Outcome::Allowed, Vec::new()),
         Ok(Decision::Skip(reason)) => {
             let mut response = warn(
                 response,
@@ -309,7 +325,7 @@ fn mutate(
             response
                 .audit_annotations
                 .insert("skipped".into(), reason.to_string());
-            (response, Outcome::Skipped)
+            (response, Outcome::Skipped, Vec::new())
         }
         Ok(Decision::Inject(plan)) => {
             let edits = plan_edits(inj, pod, &plan);
@@ -321,7 +337,7 @@ fn mutate(
                     .collect(),
             );
             if edits.is_empty() {
-                return (response, Outcome::Allowed);
+                return (response, Outcome::Allowed, Vec::new());
             }
             let names: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
             match response.clone().with_patch(to_patch(pod, &edits)) {
@@ -329,7 +345,12 @@ fn mutate(
                     response
                         .audit_annotations
                         .insert("injected".into(), names.join(","));
-                    (response, Outcome::Injected)
+                    let injected = plan
+                        .templates
+                        .iter()
+                        .map(|t| (t.name.clone(), inj.templates.hash(&t.name).to_owned()))
+                        .collect();
+                    (response, Outcome::Injected, injected)
                 }
                 Err(error) => (
                     deny(
@@ -339,6 +360,7 @@ fn mutate(
                         format!("sidecar-injector: cannot encode patch: {error}"),
                     ),
                     Outcome::Error,
+                    Vec::new(),
                 ),
             }
         }

@@ -119,6 +119,9 @@ pub enum TemplateError {
 pub struct TemplateSet {
     env: Environment<'static>,
     names: BTreeSet<String>,
+    /// Per template, a short hash of its source and the configuration's `values`: it changes
+    /// exactly when the configuration changes what the template can render.
+    hashes: BTreeMap<String, String>,
     values: Value,
     cache: RenderCache,
     /// The annotations each template declares it reads.
@@ -201,6 +204,8 @@ impl TemplateSet {
         env.set_keep_trailing_newline(true);
         let mut names = BTreeSet::new();
         let mut declared = BTreeMap::new();
+        let mut hashes = BTreeMap::new();
+        let values_json = serde_json::to_vec(values).unwrap_or_default();
         for (name, source) in sources {
             let file = file_name(&name);
             if name.is_empty() || name.contains([',', '/', ' ']) {
@@ -215,6 +220,15 @@ impl TemplateSet {
                     detail,
                 })?;
             declared.insert(name.clone(), header);
+            let mut h = Sha256::new();
+            h.update(source.as_bytes());
+            h.update([0]);
+            h.update(&values_json);
+            let hash: String = h.finalize()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            hashes.insert(name.clone(), hash);
             env.add_template_owned(file.clone(), source)
                 .map_err(|e| TemplateError::Compile {
                     file,
@@ -225,6 +239,7 @@ impl TemplateSet {
         let mut set = Self {
             env,
             names,
+            hashes,
             values: Value::from_serialize(values),
             cache: RenderCache::default(),
             overrides: declared,
@@ -366,6 +381,12 @@ impl TemplateSet {
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.names.iter().map(String::as_str)
+    }
+
+    /// The template's hash (of its source and the configuration's values), empty for an
+    /// unknown name. The metric of injections per template carries it.
+    pub fn hash(&self, name: &str) -> &str {
+        self.hashes.get(name).map_or("", String::as_str)
     }
 
     /// Renders one template for a pod, with its checked overrides ([`Self::overrides_for`]).
@@ -548,6 +569,21 @@ mod tests {
             err.to_string().contains("must not depend on the pod"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn template_hash_follows_source_and_values() {
+        let src = "containers:\n  - name: c\n    image: {{ values.image }}\n";
+        let values = |image: &str| BTreeMap::from([("image".to_owned(), serde_json::json!(image))]);
+        let set = |src: &str, image| {
+            TemplateSet::compile(vec![("t".into(), src.into())], &values(image)).expect("compiles")
+        };
+        let base = set(src, "a:1").hash("t").to_owned();
+        assert_eq!(base.len(), 16);
+        assert_eq!(set(src, "a:1").hash("t"), base);
+        assert_ne!(set(src, "a:2").hash("t"), base);
+        assert_ne!(set(&format!("{src}# x\n"), "a:1").hash("t"), base);
+        assert_eq!(set(src, "a:1").hash("nope"), "");
     }
 
     #[test]

@@ -69,6 +69,34 @@ async fn mutate_answers_the_same_bytes_as_review() {
     );
 }
 
+/// Each injection counts once per template, labelled with the template's hash; validation and
+/// pods that are not injected count nothing.
+#[tokio::test]
+async fn injections_are_counted_per_template_and_hash() {
+    let s = state();
+    let inj = Injector::embedded(None).unwrap();
+    for uid in ["a", "b"] {
+        call(&s, post("/mutate", server_support::review(uid))).await;
+    }
+    call(&s, post("/validate", server_support::review("c"))).await;
+    let metrics = s.metrics.encode();
+    for template in ["log-shipper", "proxy"] {
+        let hash = inj.templates.hash(template);
+        assert_eq!(hash.len(), 16);
+        let line = format!(
+            r#"sidecar_injector_injections_total{{template="{template}",template_hash="{hash}"}} 2"#
+        );
+        assert!(metrics.contains(&line), "{line} missing from {metrics}");
+    }
+    assert_eq!(
+        metrics
+            .matches("sidecar_injector_injections_total{")
+            .count(),
+        2,
+        "{metrics}"
+    );
+}
+
 #[tokio::test]
 async fn validate_denies_an_uninjected_opted_in_pod() {
     let (status, _, bytes) =

@@ -1,4 +1,5 @@
-//! Prometheus metrics. Labels are small fixed sets: never a pod, namespace or uid.
+//! Prometheus metrics. Labels are small fixed sets: never a pod, namespace or uid. Template
+//! names and hashes come from the configuration: a handful per configuration loaded.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -32,6 +33,12 @@ struct RejectLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TemplateLabels {
+    template: String,
+    template_hash: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
     version: &'static str,
 }
@@ -58,6 +65,7 @@ pub struct Metrics {
     latency: Family<WebhookLabel, Histogram>,
     reloads: Family<ReloadLabels, Counter>,
     rejected: Family<RejectLabel, Counter>,
+    injections: Family<TemplateLabels, Counter>,
     cert_expiry: Gauge,
 }
 
@@ -101,6 +109,12 @@ impl Default for Metrics {
             "HTTP requests refused before review (404, 405, 400, 408, 413)",
             rejected.clone(),
         );
+        let injections = Family::<TemplateLabels, Counter>::default();
+        registry.register(
+            "injections",
+            "Templates injected, by template and template hash (of its source and values): after a change, new injections move to the new hash",
+            injections.clone(),
+        );
         let cert_expiry = Gauge::default();
         registry.register(
             "certificate_expiry_timestamp_seconds",
@@ -120,6 +134,7 @@ impl Default for Metrics {
             latency,
             reloads,
             rejected,
+            injections,
             cert_expiry,
         }
     }
@@ -148,6 +163,18 @@ impl Metrics {
                 result,
             })
             .inc();
+    }
+
+    /// One pod injected with these templates (name, hash).
+    pub fn injected(&self, templates: &[(String, String)]) {
+        for (template, template_hash) in templates {
+            self.injections
+                .get_or_create(&TemplateLabels {
+                    template: template.clone(),
+                    template_hash: template_hash.clone(),
+                })
+                .inc();
+        }
     }
 
     pub fn rejected(&self, code: u16) {

@@ -167,6 +167,7 @@ fn review_body(state: &State, webhook: Webhook, entry: Entry, body: &[u8]) -> Ht
                 .record("operation", s.operation.as_str())
                 .record("outcome", answer.outcome.as_str());
             state.metrics.review(webhook, answer.outcome, elapsed);
+            state.metrics.injected(&answer.injected);
             match answer.outcome {
                 Outcome::Denied => tracing::info!("review denied"),
                 Outcome::Error => tracing::warn!("review failed"),
