@@ -1,4 +1,4 @@
-//! Command-line interface: `serve`, `inject`, `review`, `explain`.
+//! Command-line interface: `serve`, `inject`, `review`, `explain`, `outdated`.
 
 use std::io::{IsTerminal as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -45,6 +45,10 @@ pub enum Command {
     /// Explain, for each pod or pod template, whether it is injected (by which rule) or why not,
     /// and what is added.
     Explain(ManifestArgs),
+    /// Report the cluster's pods whose sidecars differ from what the configuration injects
+    /// now, by workload; with --restart, roll those workloads. Exit status 3: something is
+    /// outdated (and was not restarted).
+    Outdated(crate::outdated::OutdatedArgs),
 }
 
 /// What `inject` and `explain` read.
@@ -115,7 +119,7 @@ fn read_text(path: &Path) -> anyhow::Result<String> {
         .with_context(|| format!("{} is not UTF-8 text", path.display()))
 }
 
-fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(bytes)?;
     out.flush()?;
@@ -123,8 +127,19 @@ fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
 }
 
 impl Cli {
-    pub fn run(self) -> anyhow::Result<()> {
+    /// Runs the command; the exit status is non-zero on an error, and `outdated` has its own.
+    pub fn run(self) -> anyhow::Result<std::process::ExitCode> {
         match self.command {
+            Command::Outdated(args) => args.run(),
+            command => command.run().map(|()| std::process::ExitCode::SUCCESS),
+        }
+    }
+}
+
+impl Command {
+    fn run(self) -> anyhow::Result<()> {
+        match self {
+            Command::Outdated(args) => args.run().map(drop),
             Command::Serve(args) => args.run(),
             Command::Inject(args) => {
                 let inj = args.config.load()?;

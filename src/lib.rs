@@ -3,7 +3,8 @@
 //!
 //! The core ([`config`], [`template`], [`inject`], [`validate`], [`review`], [`manifest`]) does no
 //! I/O: a pod and a configuration go in, a patch or a verdict comes out. The webhook server and
-//! the CLI are shells around it, so they can never disagree.
+//! the CLI are shells around it, so they can never disagree; [`outdated`] judges a cluster's
+//! pods with the same core.
 
 pub mod cli;
 pub mod config;
@@ -11,6 +12,7 @@ pub mod explain;
 pub mod inject;
 pub mod load;
 pub mod manifest;
+pub mod outdated;
 pub mod overrides;
 pub mod review;
 pub mod server;

@@ -77,6 +77,43 @@ pub fn injector(path: Option<&Path>) -> Result<Injector, ConfigError> {
     }
 }
 
+/// Builds an injector from the data of the chart's ConfigMap (`config.yaml` and the
+/// `NAME.yaml.j2` files beside it), the way the server sees it once mounted. `origin` names the
+/// ConfigMap in error messages.
+pub fn from_configmap_data(
+    origin: &str,
+    data: &std::collections::BTreeMap<String, String>,
+    own_namespace: Option<String>,
+) -> Result<Injector, ConfigError> {
+    let config = data
+        .get("config.yaml")
+        .ok_or_else(|| ConfigError::Invalid {
+            path: origin.to_owned(),
+            message: "has no key config.yaml".into(),
+        })?;
+    let parsed = parse_config(origin, config)?;
+    let templates = match parsed.templates_dir.as_deref() {
+        None => crate::config::bundled_templates(),
+        Some("." | "./") => data
+            .iter()
+            .filter(|(key, _)| !key.starts_with('.'))
+            .filter_map(|(key, source)| {
+                key.strip_suffix(TEMPLATE_SUFFIX)
+                    .map(|name| (name.to_owned(), source.clone()))
+            })
+            .collect(),
+        Some(other) => {
+            return Err(ConfigError::Invalid {
+                path: origin.to_owned(),
+                message: format!(
+                    "templatesDir {other:?} points outside the ConfigMap; only \".\" can be read from it"
+                ),
+            });
+        }
+    };
+    Injector::from_sources(origin, config, templates, own_namespace)
+}
+
 /// Reads every `NAME.yaml.j2` in `dir`, sorted by name. Dot-files (a mounted ConfigMap's
 /// `..data` and timestamped directories) are ignored.
 pub fn read_templates(dir: &Path) -> Result<Vec<(String, String)>, ConfigError> {
@@ -136,6 +173,30 @@ mod tests {
             err.to_string().contains("b.yaml.j2") && err.to_string().contains("line 2"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn configmap_data_loads_like_the_mounted_directory() {
+        let mut data = std::collections::BTreeMap::new();
+        data.insert(
+            "config.yaml".to_owned(),
+            "templatesDir: .\ndefaultTemplates: [a]\n".to_owned(),
+        );
+        data.insert(
+            "a.yaml.j2".to_owned(),
+            "containers:\n  - name: a\n    image: a:1\n".to_owned(),
+        );
+        data.insert("notes.txt".to_owned(), "ignored".to_owned());
+        let inj = from_configmap_data("ns/cm", &data, Some("ns".into())).expect("loads");
+        assert_eq!(inj.templates.names().collect::<Vec<_>>(), ["a"]);
+        assert!(inj.is_excluded_namespace("ns"));
+
+        data.insert("config.yaml".to_owned(), "templatesDir: ../x\n".to_owned());
+        let err = from_configmap_data("ns/cm", &data, None).expect_err("outside");
+        assert!(err.to_string().starts_with("ns/cm: templatesDir"), "{err}");
+        data.remove("config.yaml");
+        let err = from_configmap_data("ns/cm", &data, None).expect_err("no config");
+        assert!(err.to_string().contains("config.yaml"), "{err}");
     }
 
     #[test]

@@ -5,7 +5,7 @@ fn main() -> std::process::ExitCode {
     // One process-wide crypto provider; an Err only means one is already installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
     match cli.run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             std::process::ExitCode::FAILURE

@@ -179,6 +179,15 @@ fn revision_words(revision: &str) -> String {
 /// webhooks add environment variables. So `env`, `volumeMounts` and `resources` must contain
 /// everything the template sets, unchanged; the other owned fields must be equal.
 fn changed_fields(want: &Container, have: &Container) -> Vec<String> {
+    field_problems(want, have)
+        .into_iter()
+        .map(|(_, problem)| problem)
+        .collect()
+}
+
+/// [`changed_fields`] with the field each problem is about. `outdated` uses the same comparison
+/// to say what a template change altered.
+pub fn field_problems(want: &Container, have: &Container) -> Vec<(&'static str, String)> {
     let want = owned(want);
     let have = owned(have);
     let mut changed = Vec::new();
@@ -201,7 +210,7 @@ fn changed_fields(want: &Container, have: &Container) -> Vec<String> {
             f if w.is_none() => Some(format!("{f} was added")),
             f => Some(format!("{f} differs")),
         };
-        changed.extend(problem);
+        changed.extend(problem.map(|p| (*field, p)));
     }
     changed
 }

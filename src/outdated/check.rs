@@ -1,0 +1,422 @@
+//! One pod against the current configuration: current, outdated (and what changed), opted in
+//! but not injected, or injected by another revision. Pure: a pod and an injector in, a verdict
+//! out, decided by the same engine the webhooks use.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::Injector;
+use crate::inject::{Decision, PodFacts, Rendered, Status, decide};
+use crate::validate::{OWNED_FIELDS, field_problems};
+
+/// Where a pod stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "camelCase")]
+pub enum PodState {
+    /// The pod carries exactly what the current configuration injects.
+    Current,
+    /// The pod was injected, but the current configuration would inject something else.
+    Outdated { changes: Vec<Change> },
+    /// The pod opted in and would be injected now, but carries no status annotation: it was
+    /// created while the webhook was not called (down, or registered later).
+    NotInjected,
+    /// The pod was injected by an injector of another revision; not this one's to judge.
+    OtherRevision { revision: String },
+    /// The pod cannot be judged (its status annotation is unreadable, or rendering fails).
+    Unknown { reason: String },
+}
+
+impl PodState {
+    /// Short name, as in the JSON output.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Current => "current",
+            Self::Outdated { .. } => "outdated",
+            Self::NotInjected => "notInjected",
+            Self::OtherRevision { .. } => "otherRevision",
+            Self::Unknown { .. } => "unknown",
+        }
+    }
+
+    /// Whether recreating the pod brings it current.
+    pub fn needs_restart(&self) -> bool {
+        matches!(self, Self::Outdated { .. } | Self::NotInjected)
+    }
+}
+
+/// One way an injected pod differs from what would be injected now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum Change {
+    /// A template the pod has renders differently now; `sidecars` lists the containers whose
+    /// rendering changed (empty when only volumes, env, mounts or metadata changed).
+    Changed {
+        template: String,
+        sidecars: Vec<SidecarChange>,
+    },
+    /// The pod would get this template now but was not injected with it.
+    Added { template: String },
+    /// The pod was injected with this template but would not get it now.
+    Removed { template: String },
+    /// The recorded hash differs, but nothing the pod carries shows which template changed.
+    Unattributed { templates: Vec<String> },
+    /// The pod would not be injected at all now.
+    NotInjectedNow { reason: String },
+}
+
+/// A sidecar container whose rendering changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarChange {
+    pub container: String,
+    /// The image the pod runs; `None` when the container is gone from the pod.
+    pub old_image: Option<String>,
+    pub new_image: Option<String>,
+    /// The container fields that differ (`missing` when the pod lacks the container).
+    pub fields: Vec<String>,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Changed { template, sidecars } if sidecars.is_empty() => write!(
+                f,
+                "template {template}: changed outside its sidecars (volumes, env, mounts or metadata)"
+            ),
+            Self::Changed { template, sidecars } => {
+                write!(f, "template {template}:")?;
+                for (i, s) in sidecars.iter().enumerate() {
+                    let sep = if i == 0 { " " } else { "; " };
+                    let new = s.new_image.as_deref().unwrap_or("unset");
+                    match s.old_image.as_deref() {
+                        None => write!(f, "{sep}sidecar {} missing (image {new})", s.container)?,
+                        Some(old) if old != new => {
+                            write!(f, "{sep}sidecar {} image {old} -> {new}", s.container)?;
+                            let others: Vec<&str> = s
+                                .fields
+                                .iter()
+                                .map(String::as_str)
+                                .filter(|f| *f != "image")
+                                .collect();
+                            if !others.is_empty() {
+                                write!(f, " (and {})", others.join(", "))?;
+                            }
+                        }
+                        Some(_) => write!(
+                            f,
+                            "{sep}sidecar {} {} changed",
+                            s.container,
+                            s.fields.join(", ")
+                        )?,
+                    }
+                }
+                Ok(())
+            }
+            Self::Added { template } => write!(f, "template {template}: would be added"),
+            Self::Removed { template } => write!(f, "template {template}: would be removed"),
+            Self::Unattributed { templates } => write!(
+                f,
+                "templates [{}]: rendered hash changed (not visible in the pod's fields)",
+                templates.join(", ")
+            ),
+            Self::NotInjectedNow { reason } => write!(f, "would not be injected now: {reason}"),
+        }
+    }
+}
+
+/// Whether a pod is still running or may run again; finished pods are not judged.
+fn is_live(pod: &Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
+}
+
+/// Judges one pod. `None`: the pod is none of the injector's business (not injected and not
+/// opted in, skipped by a rule, finished, or being deleted).
+pub fn check(inj: &Injector, pod: &Pod) -> Option<PodState> {
+    if !is_live(pod) {
+        return None;
+    }
+    let facts = PodFacts::new(pod, None);
+    let recorded = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&inj.config.status_annotation));
+    let Some(recorded) = recorded else {
+        return match decide(inj, &facts) {
+            Ok(Decision::Inject(_)) => Some(PodState::NotInjected),
+            Ok(Decision::NotOptedIn | Decision::Skip(_)) => None,
+            Err(error) => Some(PodState::Unknown {
+                reason: error.to_string(),
+            }),
+        };
+    };
+    let Ok(status) = serde_json::from_str::<Status>(recorded) else {
+        return Some(PodState::Unknown {
+            reason: format!(
+                "annotation {} is not a status the injector wrote",
+                inj.config.status_annotation
+            ),
+        });
+    };
+    // Read apart from `Status` so that a status without the field (every one before
+    // revisions existed) means the default, unnamed revision.
+    let revision = serde_json::from_str::<Value>(recorded)
+        .ok()
+        .and_then(|v| v.get("revision")?.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    if revision != inj.config.revision {
+        return Some(PodState::OtherRevision { revision });
+    }
+    let plan = match decide(inj, &facts) {
+        Err(error) => {
+            return Some(PodState::Unknown {
+                reason: error.to_string(),
+            });
+        }
+        Ok(Decision::NotOptedIn) => {
+            return Some(PodState::Outdated {
+                changes: vec![Change::NotInjectedNow {
+                    reason: format!(
+                        "it no longer carries the label {}=\"true\"",
+                        inj.config.inject_label
+                    ),
+                }],
+            });
+        }
+        Ok(Decision::Skip(reason)) => {
+            return Some(PodState::Outdated {
+                changes: vec![Change::NotInjectedNow {
+                    reason: reason.to_string(),
+                }],
+            });
+        }
+        Ok(Decision::Inject(plan)) => plan,
+    };
+    let wanted: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
+    let hash = serde_json::from_str::<Status>(&plan.status)
+        .map(|s| s.hash)
+        .unwrap_or_default();
+    if status.hash == hash && status.templates == wanted {
+        return Some(PodState::Current);
+    }
+    let mut changes = Vec::new();
+    for name in &wanted {
+        if !status.templates.iter().any(|t| t == name) {
+            changes.push(Change::Added {
+                template: (*name).to_owned(),
+            });
+        }
+    }
+    for name in &status.templates {
+        if !wanted.contains(&name.as_str()) {
+            changes.push(Change::Removed {
+                template: name.clone(),
+            });
+        }
+    }
+    let kept: BTreeSet<&str> = status.kept.iter().map(String::as_str).collect();
+    let common: Vec<&Rendered> = plan
+        .templates
+        .iter()
+        .filter(|t| status.templates.contains(&t.name))
+        .collect();
+    let mut attributed = false;
+    for t in &common {
+        if let Some(change) = template_change(pod, t, &plan.templates, &kept) {
+            attributed = true;
+            changes.push(change);
+        }
+    }
+    // Templates were only added or removed: the hash covers those, nothing else to find.
+    let membership_changed = !changes.is_empty();
+    if !attributed && !membership_changed && !common.is_empty() {
+        changes.push(Change::Unattributed {
+            templates: common.iter().map(|t| t.name.clone()).collect(),
+        });
+    }
+    Some(PodState::Outdated { changes })
+}
+
+/// How one template's current rendering differs from what the pod carries, if it does.
+fn template_change(
+    pod: &Pod,
+    t: &Rendered,
+    all: &[Rendered],
+    kept: &BTreeSet<&str>,
+) -> Option<Change> {
+    let empty = Default::default();
+    let spec = pod.spec.as_ref().unwrap_or(&empty);
+    let init = spec.init_containers.as_deref().unwrap_or_default();
+    let mut sidecars = Vec::new();
+    for (wanted, present) in [
+        (&t.fragment.containers, spec.containers.as_slice()),
+        (&t.fragment.init_containers, init),
+    ] {
+        for want in wanted {
+            if kept.contains(want.name.as_str()) {
+                continue;
+            }
+            let have = present.iter().find(|c| c.name == want.name);
+            let fields = match have {
+                None => vec!["missing".to_owned()],
+                Some(have) => differing_fields(want, have),
+            };
+            if !fields.is_empty() {
+                sidecars.push(SidecarChange {
+                    container: want.name.clone(),
+                    old_image: have.and_then(|c| c.image.clone()),
+                    new_image: want.image.clone(),
+                    fields,
+                });
+            }
+        }
+    }
+    let rest_changed = !sidecars.is_empty() || pod_side_changed(pod, t, all);
+    rest_changed.then(|| Change::Changed {
+        template: t.name.clone(),
+        sidecars,
+    })
+}
+
+/// The top-level container fields whose rendering is not what the pod carries: the fields the
+/// validator owns (compared as it compares them) and any other field the template sets that
+/// the stored container does not carry unchanged (API-server defaults only add, so they pass).
+fn differing_fields(want: &Container, have: &Container) -> Vec<String> {
+    let mut fields: BTreeSet<String> = field_problems(want, have)
+        .into_iter()
+        .map(|(field, _)| field.to_owned())
+        .collect();
+    let (Ok(Value::Object(w)), Ok(h)) = (serde_json::to_value(want), serde_json::to_value(have))
+    else {
+        return fields.into_iter().collect();
+    };
+    for (key, value) in w {
+        if OWNED_FIELDS.contains(&key.as_str()) {
+            continue;
+        }
+        if !covers(&value, h.get(&key).unwrap_or(&Value::Null)) {
+            fields.insert(key);
+        }
+    }
+    fields.into_iter().collect()
+}
+
+/// Whether the template's additions to the rest of the pod (volumes, app containers' env and
+/// mounts, pull secrets, labels, annotations) are missing or different on the pod.
+fn pod_side_changed(pod: &Pod, t: &Rendered, all: &[Rendered]) -> bool {
+    let Ok(p) = serde_json::to_value(pod) else {
+        return false;
+    };
+    let sidecars: BTreeSet<&str> = all
+        .iter()
+        .flat_map(|r| r.fragment.sidecar_names())
+        .collect();
+    let f = &t.fragment;
+    let named = |list: &Value, name: &str| -> Option<Value> {
+        list.as_array()?
+            .iter()
+            .find(|v| v.get("name").and_then(Value::as_str) == Some(name))
+            .cloned()
+    };
+    for v in &f.volumes {
+        let have = named(&p["spec"]["volumes"], &v.name).unwrap_or(Value::Null);
+        if !covers(&serde_json::to_value(v).unwrap_or_default(), &have) {
+            return true;
+        }
+    }
+    for s in &f.image_pull_secrets {
+        if named(&p["spec"]["imagePullSecrets"], &s.name).is_none() {
+            return true;
+        }
+    }
+    let apps = p["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| {
+            c.get("name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| !sidecars.contains(n))
+        });
+    // Only entries the container has under the template's name are compared: a container
+    // without them may be a sidecar of a template the pod no longer asks for.
+    for app in apps {
+        for e in &f.env {
+            if let Some(have) = named(&app["env"], &e.name)
+                && !covers(&serde_json::to_value(e).unwrap_or_default(), &have)
+            {
+                return true;
+            }
+        }
+        for m in &f.volume_mounts {
+            let moved = app["volumeMounts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|h| {
+                    let same_path =
+                        h.get("mountPath").and_then(Value::as_str) == Some(&m.mount_path);
+                    let same_name = h.get("name").and_then(Value::as_str) == Some(&m.name);
+                    same_path != same_name
+                });
+            if moved {
+                return true;
+            }
+        }
+    }
+    let meta = &pod.metadata;
+    f.labels
+        .keys()
+        .any(|k| !meta.labels.as_ref().is_some_and(|l| l.contains_key(k)))
+        || f.annotations
+            .keys()
+            .any(|k| !meta.annotations.as_ref().is_some_and(|a| a.contains_key(k)))
+}
+
+/// Whether `have` carries everything `want` sets, unchanged. Objects may have extra keys (API
+/// server defaults); arrays of scalars must be equal; in arrays of objects every wanted element
+/// must be covered by some element of `have` (other admission plugins append to lists).
+fn covers(want: &Value, have: &Value) -> bool {
+    match (want, have) {
+        (Value::Null, _) => true,
+        (Value::Object(w), Value::Object(h)) => w
+            .iter()
+            .all(|(k, v)| covers(v, h.get(k).unwrap_or(&Value::Null))),
+        (Value::Object(w), Value::Null) => w.values().all(|v| covers(v, &Value::Null)),
+        (Value::Array(w), Value::Array(h)) if w.iter().all(Value::is_object) => {
+            w.iter().all(|wv| h.iter().any(|hv| covers(wv, hv)))
+        }
+        (Value::Array(w), Value::Null) => w.is_empty(),
+        (w, h) => w == h,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn covers_allows_defaults_but_not_changes() {
+        let want = json!({"a": 1, "b": {"c": [1, 2]}, "d": [{"n": "x"}]});
+        let have = json!({"a": 1, "z": 9, "b": {"c": [1, 2], "e": 0}, "d": [{"n": "y"}, {"n": "x", "p": 1}]});
+        assert!(covers(&want, &have));
+        assert!(!covers(
+            &want,
+            &json!({"a": 2, "b": {"c": [1, 2]}, "d": [{"n": "x"}]})
+        ));
+        assert!(!covers(
+            &want,
+            &json!({"a": 1, "b": {"c": [2, 1]}, "d": [{"n": "x"}]})
+        ));
+        assert!(!covers(
+            &want,
+            &json!({"a": 1, "b": {"c": [1, 2]}, "d": [{"n": "y"}]})
+        ));
+        assert!(covers(&json!({"a": {}}), &Value::Null));
+    }
+}
