@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,92 @@ def test_self_signed_ca_survives_upgrades(cluster, helm):
         assert ca("validatingwebhookconfiguration") == first
     finally:
         cluster.run(*base, "uninstall", release, check=False)
+
+
+def kubeconfig_as(cluster, user, path):
+    """The admin kubeconfig acting as `user` (impersonation; the admin may impersonate)."""
+    config = yaml.safe_load((cluster.workdir / "kubeconfig").read_text())
+    for entry in config["users"]:
+        entry["user"]["as"] = user
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_outdated_rbac_is_enough_for_the_report_and_the_restart(cluster, tmp_path):
+    """`sidecar-injector outdated` as a user bound by the chart's optional RBAC: the report
+    role reads everything the report needs and cannot restart; the restart role can."""
+    from test_binary import binary
+
+    exe = binary()
+    if exe is None:
+        pytest.skip("no sidecar-injector binary built (cargo build)")
+    rbac_kinds = {"ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding", "ConfigMap"}
+    text = url_mode(cluster, "outdated.rbac.report=true", "outdated.rbac.restart=true",
+                    "outdated.rbac.subjects[0].kind=User", "outdated.rbac.subjects[0].name=operator")
+    docs = [d for d in yaml.safe_load_all(text) if d and d["kind"] in rbac_kinds]
+    cluster.namespace(NS)
+    cluster.namespace("stale")
+    cluster.apply(yaml.safe_dump_all(docs))
+    # The auditor gets the read-only roles only.
+    cluster.kubectl("create", "clusterrolebinding", "auditor-outdated-report",
+                    "--clusterrole=sidecar-injector-outdated-report", "--user=auditor")
+    cluster.kubectl("-n", NS, "create", "rolebinding", "auditor-outdated-config",
+                    "--role=sidecar-injector-outdated-config", "--user=auditor")
+    # A Deployment whose pods carry an injection status but no longer opt in: outdated.
+    status = json.dumps({"templates": ["proxy"], "hash": "0000000000000000"})
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "stale"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"},
+                                           "annotations": {"sidecar-injector.io/status": status}},
+                              "spec": {"containers": [{"name": "app", "image": "app"}]}}}}
+    try:
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(deployment))
+        for _ in range(100):
+            if cluster.kubectl("-n", "stale", "get", "pods", "-o", "name").stdout.strip():
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError("the Deployment's pod was not created")
+
+        def outdated(user, *args):
+            config = kubeconfig_as(cluster, user, tmp_path / f"{user}.kubeconfig")
+            env = {**cluster.env, "KUBECONFIG": str(config)}
+            env.pop("SIDECAR_INJECTOR_CONFIG", None)
+            proc = subprocess.run(
+                [str(exe), "outdated", "-n", "stale", "-o", "json",
+                 "--from-configmap", f"{NS}/sidecar-injector", *args],
+                env=env, capture_output=True, text=True, timeout=60)
+            report = json.loads(proc.stdout) if proc.stdout.strip() else None
+            return proc.returncode, report, proc.stderr
+
+        code, _, err = outdated("nobody")
+        assert code == 1 and "forbidden" in err.lower(), err
+
+        code, report, err = outdated("auditor")
+        assert code == 3, err
+        assert [(w["kind"], w["name"], w["state"]) for w in report["workloads"]] == [
+            ("Deployment", "web", "outdated")]
+        code, report, err = outdated("auditor", "--restart", "--dry-run")
+        assert code == 1, err
+        (record,) = report["restarts"]
+        assert record["action"] == "failed" and "forbidden" in record["detail"].lower(), record
+
+        code, report, err = outdated("operator", "--restart", "--dry-run")
+        assert code == 3, err
+        assert [r["action"] for r in report["restarts"]] == ["wouldRestart"]
+        code, report, err = outdated("operator", "--restart", "--no-wait")
+        assert code == 0, err
+        assert [r["action"] for r in report["restarts"]] == ["restarted"]
+        annotations = json.loads(cluster.kubectl(
+            "-n", "stale", "get", "deployment", "web", "-o", "json").stdout
+        )["spec"]["template"]["metadata"]["annotations"]
+        assert "kubectl.kubernetes.io/restartedAt" in annotations
+    finally:
+        cluster.kubectl("delete", "namespace", "stale", "--wait=false", check=False)
+        cluster.kubectl("delete", "clusterrolebinding", "auditor-outdated-report",
+                        "sidecar-injector-outdated-report", "sidecar-injector-outdated-restart",
+                        check=False)
+        cluster.kubectl("delete", "clusterrole", "sidecar-injector-outdated-report",
+                        "sidecar-injector-outdated-restart", check=False)
