@@ -48,6 +48,9 @@ pub enum Command {
     /// Report the cluster's pods whose sidecars differ from what the configuration injects
     /// now, by workload; with --restart, roll those workloads. Exit status 3: something is
     /// outdated (and was not restarted).
+    ///
+    /// The cluster is the one KUBECONFIG (or ~/.kube/config) names, or the pod's own service
+    /// account when run in a cluster.
     Outdated(crate::outdated::OutdatedArgs),
 }
 

@@ -656,3 +656,47 @@ fn a_manifest_without_namespace_injected_offline_is_admitted_where_it_is_applied
     let (_, verdict) = webhooks("shop", &pod_from(&doc, "shop"));
     assert_eq!(verdict["allowed"], true, "{verdict:#}");
 }
+
+/// `outdated` refuses bad flags and configurations before it talks to any cluster, and says
+/// what to do when there is no cluster to talk to (KUBECONFIG names a missing file here, so
+/// nothing is dialled).
+#[test]
+fn outdated_fails_clearly_without_a_cluster() {
+    let outdated = |args: &[&str]| {
+        binary()
+            .arg("outdated")
+            .args(args)
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .expect("the binary runs")
+    };
+    let out = outdated(&["--dry-run"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--restart"), "{}", stderr(&out));
+
+    let out = outdated(&["--from-configmap", "just-a-name"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("--from-configmap wants NAMESPACE/NAME"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = outdated(&["--config", "/nonexistent/config.yaml"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("/nonexistent/config.yaml: cannot read"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = outdated(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("cannot reach a cluster"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
+}

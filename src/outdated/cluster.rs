@@ -74,11 +74,11 @@ pub async fn pods_and_owners(
 
 /// The configuration in the chart's ConfigMap. The injector's own namespace is the
 /// ConfigMap's: the chart installs both in the release namespace.
-pub async fn configmap_injector(client: &Client, reference: &str) -> anyhow::Result<Injector> {
-    let (namespace, name) = reference
-        .split_once('/')
-        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
-        .with_context(|| format!("--from-configmap wants NAMESPACE/NAME, got {reference:?}"))?;
+pub async fn configmap_injector(
+    client: &Client,
+    (namespace, name): (&str, &str),
+) -> anyhow::Result<Injector> {
+    let reference = format!("{namespace}/{name}");
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let cm = api
         .get(name)

@@ -99,12 +99,21 @@ impl OutdatedArgs {
             wait_timeout,
             no_wait,
         } = self;
+        // Bad flags and a broken configuration file fail before any API call.
+        let configmap = from_configmap.as_deref().map(configmap_ref).transpose()?;
+        let from_file = match configmap {
+            None => Some(config.load()?),
+            Some(_) => None,
+        };
         let client = kube::Client::try_default().await.context(
             "cannot reach a cluster: set KUBECONFIG (or ~/.kube/config), or run in a pod with a service account",
         )?;
-        let inj = match &from_configmap {
-            Some(reference) => cluster::configmap_injector(&client, reference).await?,
-            None => config.load()?,
+        let inj = match (from_file, configmap) {
+            (Some(inj), _) => inj,
+            (None, reference) => {
+                let reference = reference.context("no configuration source")?;
+                cluster::configmap_injector(&client, reference).await?
+            }
         };
         let (pods, owners) = cluster::pods_and_owners(&client, namespace.as_deref()).await?;
         let mut report = Report::build(&inj, &pods, &owners);
@@ -134,6 +143,14 @@ impl OutdatedArgs {
             ExitCode::SUCCESS
         })
     }
+}
+
+/// `NAMESPACE/NAME` of `--from-configmap`.
+fn configmap_ref(reference: &str) -> anyhow::Result<(&str, &str)> {
+    reference
+        .split_once('/')
+        .filter(|(ns, name)| !ns.is_empty() && !name.is_empty() && !name.contains('/'))
+        .with_context(|| format!("--from-configmap wants NAMESPACE/NAME, got {reference:?}"))
 }
 
 /// How `--restart` goes about it.
