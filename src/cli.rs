@@ -130,19 +130,10 @@ pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
 }
 
 impl Cli {
-    /// Runs the command; the exit status is non-zero on an error, and `outdated` has its own.
+    /// Runs the command. Errors are returned; `outdated` also has an exit status of its own.
     pub fn run(self) -> anyhow::Result<std::process::ExitCode> {
-        match self.command {
-            Command::Outdated(args) => args.run(),
-            command => command.run().map(|()| std::process::ExitCode::SUCCESS),
-        }
-    }
-}
-
-impl Command {
-    fn run(self) -> anyhow::Result<()> {
-        match self {
-            Command::Outdated(args) => args.run().map(drop),
+        let done = match self.command {
+            Command::Outdated(args) => return args.run(),
             Command::Serve(args) => args.run(),
             Command::Inject(args) => {
                 let inj = args.config.load()?;
@@ -182,6 +173,7 @@ impl Command {
                         .as_bytes(),
                 )
             }
-        }
+        };
+        done.map(|()| std::process::ExitCode::SUCCESS)
     }
 }

@@ -14,7 +14,7 @@
 
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use serde::de::DeserializeOwned;
@@ -22,7 +22,8 @@ use sidecar_injector::config::Injector;
 use sidecar_injector::outdated::check::{Change, PodState, SidecarChange, check};
 use sidecar_injector::outdated::report::Report;
 use sidecar_injector::outdated::workload::{
-    Owners, RESTARTED_AT, Rollout, Workload, deployment_rollout, restart_patch, statefulset_rollout,
+    Owners, RESTARTED_AT, Rollout, Workload, daemonset_rollout, deployment_rollout, restart_patch,
+    statefulset_rollout,
 };
 
 const OLD_PROXY: &str = "docker.io/envoyproxy/envoy:v1.32.3";
@@ -431,4 +432,36 @@ fn rollout_status_of_recorded_workloads() {
         s.update_revision = Some("db-new".into());
     }
     assert!(matches!(statefulset_rollout(&ready), Rollout::Waiting(_)));
+}
+
+#[test]
+fn daemonset_rollout_waits_for_every_node() {
+    let ds = |generation: i64, observed: i64, updated: i32, available: i32| -> DaemonSet {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "agent", "namespace": "shop", "generation": generation},
+            "status": {
+                "observedGeneration": observed,
+                "desiredNumberScheduled": 3,
+                "currentNumberScheduled": 3,
+                "numberMisscheduled": 0,
+                "numberReady": available,
+                "updatedNumberScheduled": updated,
+                "numberAvailable": available
+            }
+        }))
+        .expect("daemonset")
+    };
+    assert!(matches!(
+        daemonset_rollout(&ds(2, 1, 3, 3)),
+        Rollout::Waiting(_)
+    ));
+    assert_eq!(
+        daemonset_rollout(&ds(2, 2, 1, 3)),
+        Rollout::Waiting("1 of 3 pods updated".into())
+    );
+    assert_eq!(
+        daemonset_rollout(&ds(2, 2, 3, 2)),
+        Rollout::Waiting("2 of 3 updated pods available".into())
+    );
+    assert_eq!(daemonset_rollout(&ds(2, 2, 3, 3)), Rollout::Done);
 }
