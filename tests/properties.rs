@@ -4,7 +4,9 @@
 //! 2. the JSONPatch applied to the pod's JSON equals the typed edits applied to the pod;
 //! 3. the validator admits whatever the mutator produced, and refuses an injected pod that lost
 //!    a sidecar or had a sidecar's image changed;
-//! 4. `review::answer` never panics, and answers with JSON or an error, whatever the bytes.
+//! 4. `review::answer` never panics, and answers with JSON or an error, whatever the bytes;
+//! 5. `outdated` judges a pod the mutator just injected current, and does not list a pod the
+//!    injector passed over.
 
 use std::collections::BTreeSet;
 
@@ -15,6 +17,7 @@ use proptest::sample::Index;
 use serde_json::{Map, Value, json};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
 use sidecar_injector::inject::{Decision, Edit, PodFacts, apply, decide, plan_edits, to_patch};
+use sidecar_injector::outdated::check::{PodState, check};
 use sidecar_injector::review::{Webhook, answer};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
@@ -741,5 +744,39 @@ proptest! {
     #[test]
     fn any_damaged_review_is_answered_or_refused(body in damaged_review()) {
         check_answers(&body)?;
+    }
+}
+
+// === 5. `outdated` agrees with the mutator ===
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Rendering again on the stored pod (its status annotation and everything the templates
+    /// added included) gives the same templates and hash, so a fresh injection is current.
+    #[test]
+    fn outdated_judges_a_fresh_injection_current(case in pod(), which in 0usize..2) {
+        with_injector(which, |inj| {
+            let Some(mut object) = mutated(inj, &case) else {
+                return Ok(());
+            };
+            // The API server stores the request's namespace on the object.
+            object["metadata"]["namespace"] = case.namespace.clone().into();
+            let before = typed(&case.pod);
+            let injected = matches!(
+                decide(inj, &PodFacts::new(&before, Some(&case.namespace))),
+                Ok(Decision::Inject(_))
+            );
+            let had_status = case.pod["metadata"]["annotations"]
+                .get(&inj.config.status_annotation)
+                .is_some();
+            let verdict = check(inj, &typed(&object));
+            if injected {
+                prop_assert_eq!(verdict, Some(PodState::Current), "{:#}", object);
+            } else if !had_status {
+                prop_assert_eq!(verdict, None, "{:#}", object);
+            }
+            Ok(())
+        })?;
     }
 }
