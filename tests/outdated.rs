@@ -465,3 +465,36 @@ fn daemonset_rollout_waits_for_every_node() {
     );
     assert_eq!(daemonset_rollout(&ds(2, 2, 3, 3)), Rollout::Done);
 }
+
+#[test]
+fn a_change_the_pod_cannot_show_is_reported_unattributed() {
+    // Annotations are set only when absent, so a new value is not visible on an injected pod.
+    let templates: Vec<(String, String)> = recorded_templates()
+        .into_iter()
+        .map(|(name, source)| {
+            let source = source.replace(
+                "sidecar-injector.io/proxy-port: \"{{ values.proxy.port }}\"",
+                "sidecar-injector.io/proxy-port: \"15002\"",
+            );
+            (name, source)
+        })
+        .collect();
+    assert_ne!(templates, recorded_templates());
+    let inj = Injector::from_sources("c.yaml", &recorded_config(), templates, None).expect("loads");
+    let state = check(&inj, &pod("debug"));
+    assert_eq!(
+        state,
+        Some(PodState::Outdated {
+            changes: vec![Change::Unattributed {
+                templates: vec!["log-shipper".into(), "proxy".into()]
+            }]
+        })
+    );
+    let Some(PodState::Outdated { changes }) = state else {
+        unreachable!()
+    };
+    assert_eq!(
+        changes[0].to_string(),
+        "templates [log-shipper, proxy]: rendered hash changed (not visible in the pod's fields)"
+    );
+}

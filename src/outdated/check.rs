@@ -224,6 +224,9 @@ pub fn check(inj: &Injector, pod: &Pod) -> Option<PodState> {
         .iter()
         .filter(|t| status.templates.contains(&t.name))
         .collect();
+    // Templates added or removed change the hash by themselves: then a common template that
+    // shows no difference needs no further explanation.
+    let membership_changed = !changes.is_empty();
     let mut attributed = false;
     for t in &common {
         if let Some(change) = template_change(pod, t, &plan.templates, &kept) {
@@ -231,8 +234,6 @@ pub fn check(inj: &Injector, pod: &Pod) -> Option<PodState> {
             changes.push(change);
         }
     }
-    // Templates were only added or removed: the hash covers those, nothing else to find.
-    let membership_changed = !changes.is_empty();
     if !attributed && !membership_changed && !common.is_empty() {
         changes.push(Change::Unattributed {
             templates: common.iter().map(|t| t.name.clone()).collect(),
