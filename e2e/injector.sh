@@ -9,6 +9,10 @@
 #   env E2E_INJECTOR_ADMIN_PORT  admin port on 127.0.0.1 (/readyz)
 #   env E2E_INJECTOR_CERT, E2E_INJECTOR_KEY  serving certificate and key
 #   env SIDECAR_INJECTOR_NAMESPACE           passed on to the server
+#   env SIDECAR_INJECTOR_CONFIG  the server's configuration; default WORKDIR/injector-config/
+#                                config.yaml, made on the first start from the repository's
+#                                templates/ (the embedded default, as files): scenarios edit it
+#                                to change the running configuration, which the server reloads.
 # The server runs in its own session, so it outlives the caller; `stop` (and run.sh's exit
 # trap) ends it: SIGTERM, then SIGKILL after 15 s.
 set -euo pipefail
@@ -17,9 +21,10 @@ HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=control-plane/lib.sh source-path=SCRIPTDIR
 . "$HERE/control-plane/lib.sh"
 
-[[ $# -eq 1 ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
+[[ $# -eq 1 ]] || { sed -n '2,17p' "$0" >&2; exit 2; }
 : "${E2E_WORKDIR:?}"
 PID_FILE="$E2E_WORKDIR/run/sidecar-injector.pid"
+CONFIG_DIR="$E2E_WORKDIR/injector-config"
 LOG_FILE="$E2E_WORKDIR/logs/sidecar-injector.log"
 log() { printf '[injector %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
@@ -39,6 +44,14 @@ start() {
     return 0
   fi
   mkdir -p "$E2E_WORKDIR/run" "$E2E_WORKDIR/logs"
+  if [[ -z "${SIDECAR_INJECTOR_CONFIG:-}" ]]; then
+    if [[ ! -f "$CONFIG_DIR/config.yaml" ]]; then
+      mkdir -p "$CONFIG_DIR"
+      cp "$HERE"/../templates/*.yaml.j2 "$CONFIG_DIR/"
+      { cat "$HERE/../templates/config.yaml"; echo "templatesDir: ."; } >"$CONFIG_DIR/config.yaml"
+    fi
+    export SIDECAR_INJECTOR_CONFIG="$CONFIG_DIR/config.yaml"
+  fi
   setsid "$E2E_INJECTOR_BIN" serve \
     --listen "127.0.0.1:$E2E_INJECTOR_PORT" \
     --admin-listen "127.0.0.1:$E2E_INJECTOR_ADMIN_PORT" \
@@ -46,6 +59,7 @@ start() {
     --tls-key-file "$E2E_INJECTOR_KEY" \
     --log-format text \
     --shutdown-timeout 3s \
+    --reload-interval 2s \
     >>"$LOG_FILE" 2>&1 </dev/null &
   echo "$!" >"$PID_FILE"
   local end=$((SECONDS + 30))
@@ -93,5 +107,5 @@ case "$1" in
   start) start ;;
   stop) stop ;;
   status) if pid=$(running_pid); then echo "running $pid"; else echo stopped; exit 1; fi ;;
-  *) sed -n '2,13p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,17p' "$0" >&2; exit 2 ;;
 esac

@@ -34,6 +34,11 @@ pub enum Need {
     /// The key of the CA that signed the in-cluster serving certificate (`E2E_CA_KEY`), to make
     /// a new one for rotation.
     CaKey,
+    /// Changing a template of the server the webhooks call, reading its metrics, and running
+    /// `sidecar-injector outdated` (`E2E_INJECTOR_BIN`). Locally: the configuration file the
+    /// server process reads (`E2E_WORKDIR/injector-config/config.yaml`) and its admin port
+    /// (`E2E_INJECTOR_ADMIN_PORT`); on a node: the chart's ConfigMap and the pods' admin ports.
+    TemplateChange,
 }
 
 /// The environment of one run.
@@ -64,6 +69,12 @@ pub struct Env {
     /// `ADMISSION_PLUGINS` names AlwaysPullImages: the apiserver rewrites every container's
     /// `imagePullPolicy` after the webhooks (local mode; a node without a registry cannot have it).
     pub always_pull_images: bool,
+    /// `E2E_INJECTOR_BIN`: the sidecar-injector binary (local and node mode).
+    pub injector_bin: Option<PathBuf>,
+    /// The configuration file the server reads and reloads (local mode, see e2e/injector.sh).
+    pub injector_config: Option<PathBuf>,
+    /// `E2E_INJECTOR_ADMIN_PORT`: the server's admin port on 127.0.0.1 (local mode).
+    pub injector_admin_port: Option<u16>,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -100,6 +111,11 @@ impl Env {
             service_dns: var("E2E_SERVICE_DNS"),
             always_pull_images: var("ADMISSION_PLUGINS")
                 .is_some_and(|p| p.split(',').any(|p| p == "AlwaysPullImages")),
+            injector_bin: var("E2E_INJECTOR_BIN").map(PathBuf::from),
+            injector_config: var("E2E_WORKDIR")
+                .map(|w| PathBuf::from(w).join("injector-config/config.yaml"))
+                .filter(|p| p.is_file()),
+            injector_admin_port: var("E2E_INJECTOR_ADMIN_PORT").and_then(|p| p.parse().ok()),
         })
     }
 
@@ -136,6 +152,18 @@ impl Env {
                     self.ca_key.is_some() && self.ca_cert.is_some() && self.service_dns.is_some(),
                     "rotating the in-cluster certificate needs the CA that signed it (E2E_CA_KEY, CA_CERT, E2E_SERVICE_DNS)",
                 ),
+                Need::TemplateChange => (
+                    match self.mode {
+                        Mode::Local => {
+                            self.injector_bin.is_some()
+                                && self.injector_config.is_some()
+                                && self.injector_admin_port.is_some()
+                        }
+                        Mode::Node => self.injector_bin.is_some(),
+                        Mode::Kind => false,
+                    },
+                    "kind's run has no sidecar-injector binary for the suite, and the injector pods' admin ports are not reachable from the test machine",
+                ),
             };
             // Pods never run without a node: in local mode that is a reason, not a runner error.
             if !present
@@ -150,7 +178,7 @@ impl Env {
             match self.mode {
                 Mode::Kind => return Ok(Some(kind_reason.into())),
                 Mode::Local | Mode::Node => anyhow::bail!(
-                    "{:?} mode but {need:?} is not available: set AUDIT_LOG, E2E_INJECTOR_CTL, E2E_WEBHOOK_URL and CA_CERT (e2e/run.sh and e2e/node/run.sh do)",
+                    "{:?} mode but {need:?} is not available: set AUDIT_LOG, E2E_INJECTOR_CTL, E2E_WEBHOOK_URL, CA_CERT, E2E_INJECTOR_BIN, E2E_INJECTOR_ADMIN_PORT and E2E_WORKDIR (e2e/run.sh and e2e/node/run.sh do)",
                     self.mode
                 ),
             }

@@ -12,6 +12,7 @@
 //! - [`audit`]: the apiserver's record of which webhook ran in which round.
 //! - [`metrics`]: the apiserver's own admission metrics.
 //! - [`adder`]: a second mutating webhook, served from the test binary, that adds a container.
+//! - [`outdated`]: running `sidecar-injector outdated`; changing the running server's template.
 
 pub mod adder;
 pub mod audit;
@@ -19,6 +20,7 @@ pub mod cluster;
 pub mod env;
 pub mod metrics;
 pub mod node;
+pub mod outdated;
 pub mod pods;
 pub mod webhooks;
 

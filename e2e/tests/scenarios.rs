@@ -6,14 +6,17 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sidecar_injector_e2e::adder::{ADDED_PORT, Adder};
 use sidecar_injector_e2e::cluster::{WAIT, accepts, dry_run, rejects, scenario};
 use sidecar_injector_e2e::env::{Mode, Need};
+use sidecar_injector_e2e::outdated::{
+    EXIT_OUTDATED, ProxyImage, RESTARTED_AT, injection_hashes, injector_metrics, outdated,
+};
 use sidecar_injector_e2e::pods::*;
 use sidecar_injector_e2e::webhooks::{
     MUTATING_WEBHOOK, VALIDATING_WEBHOOK, closed_port, delete_mutating, mutating, point_at_port,
@@ -1381,5 +1384,560 @@ async fn s19_what_is_added_after_us_does_not_change_the_rendering() -> anyhow::R
         delete_mutating(&cx.client, &configuration).await?;
         outcome
     })
+    .await
+}
+
+// === outdated (s20..s22) ===
+//
+// Locally no kubelet runs: pods stay Pending and a rollout that waits for ready replicas never
+// finishes. The Deployments here use `strategy: Recreate` and the StatefulSet `Parallel`, so
+// their controllers replace pods without waiting for them to be ready (unscheduled pods are
+// deleted at once); the restarts are sent with `--no-wait`. On a node the pods run, and s22
+// also waits for a rollout to finish.
+
+type Cx = sidecar_injector_e2e::cluster::Ctx;
+
+/// A Deployment of opted-in pods; `never_ready` adds a readiness probe that cannot succeed, so
+/// its rollout never finishes, node or not.
+fn deployment(
+    name: &str,
+    replicas: i32,
+    strategy: &str,
+    templates: Option<&str>,
+    never_ready: bool,
+) -> serde_json::Value {
+    let mut annotations = serde_json::Map::new();
+    if let Some(t) = templates {
+        annotations.insert(TEMPLATES_ANNOTATION.into(), t.into());
+    }
+    let mut app = json!({"name": "app", "image": app_image()});
+    if never_ready {
+        app["readinessProbe"] = json!({"exec": {"command": ["/never-ready"]}, "periodSeconds": 1});
+    }
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "strategy": {"type": strategy},
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, INJECT_LABEL: "true"}, "annotations": annotations},
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [app]}
+            }
+        }
+    })
+}
+
+/// A StatefulSet of one opted-in pod; `Parallel`, so that its controller replaces a pod that is
+/// not ready (none is, without a kubelet).
+fn statefulset(name: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "serviceName": name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name, INJECT_LABEL: "true"}},
+                "spec": {"terminationGracePeriodSeconds": 0, "containers": [{"name": "app", "image": app_image()}]}
+            }
+        }
+    })
+}
+
+async fn create_workloads(
+    cx: &Cx,
+    deployments: &[serde_json::Value],
+    statefulsets: &[serde_json::Value],
+) -> anyhow::Result<()> {
+    let d: Api<Deployment> = Api::namespaced(cx.client.clone(), &cx.ns);
+    for value in deployments {
+        d.create(&PostParams::default(), &from_json(value.clone())?)
+            .await
+            .with_context(|| format!("creating {}", value["metadata"]["name"]))?;
+    }
+    let s: Api<StatefulSet> = Api::namespaced(cx.client.clone(), &cx.ns);
+    for value in statefulsets {
+        s.create(&PostParams::default(), &from_json(value.clone())?)
+            .await
+            .with_context(|| format!("creating {}", value["metadata"]["name"]))?;
+    }
+    Ok(())
+}
+
+/// Waits until each `(app, count)` has exactly `count` live pods (label `app`), all injected.
+async fn wait_for_pods(cx: &Cx, apps: &[(&str, usize)]) -> anyhow::Result<()> {
+    for (app, count) in apps {
+        eventually(
+            &format!("{count} injected pod(s) of {app}"),
+            Duration::from_secs(60),
+            || async {
+                let list = cx
+                    .pods()
+                    .list(&ListParams::default().labels(&format!("app={app}")))
+                    .await?;
+                let live: Vec<&Pod> = list
+                    .items
+                    .iter()
+                    .filter(|p| p.metadata.deletion_timestamp.is_none())
+                    .collect();
+                Ok(
+                    (live.len() == *count && live.iter().all(|p| status_annotation(p).is_some()))
+                        .then_some(()),
+                )
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// The restart annotation on a Deployment's or StatefulSet's pod template, if set.
+async fn restarted_at(cx: &Cx, workload: &str) -> anyhow::Result<Option<String>> {
+    let (kind, name) = workload.split_once('/').context("Kind/name")?;
+    let template = match kind {
+        "Deployment" => {
+            let d: Api<Deployment> = Api::namespaced(cx.client.clone(), &cx.ns);
+            d.get(name).await?.spec.map(|s| s.template)
+        }
+        "StatefulSet" => {
+            let s: Api<StatefulSet> = Api::namespaced(cx.client.clone(), &cx.ns);
+            s.get(name).await?.spec.map(|s| s.template)
+        }
+        other => anyhow::bail!("no pod template on {other}"),
+    };
+    Ok(template
+        .and_then(|t| t.metadata)
+        .and_then(|m| m.annotations)
+        .and_then(|a| a.get(RESTARTED_AT).cloned()))
+}
+
+/// Runs `body` with the proxy template's image changed, and puts it back whatever happens.
+async fn with_proxy_changed<F, Fut>(cx: &Cx, body: F) -> anyhow::Result<()>
+where
+    F: FnOnce(String, String) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let change = ProxyImage::set(&cx.env, &cx.client, &cx.pods()).await?;
+    let result = body(change.old.clone(), change.new.clone()).await;
+    let restored = change.restore(&cx.pods()).await;
+    result.and(restored)
+}
+
+/// The running local server's configuration directory as a ConfigMap named `name`.
+fn running_config(cx: &Cx, name: &str) -> anyhow::Result<ConfigMap> {
+    let config = cx
+        .env
+        .injector_config
+        .clone()
+        .context("no injector config")?;
+    let dir = config.parent().context("config dir")?;
+    let mut data = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let file = entry.file_name().to_string_lossy().into_owned();
+        data.insert(file, std::fs::read_to_string(entry.path())?);
+    }
+    Ok(ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    })
+}
+
+/// Locally: the local server's configuration as a ConfigMap in the injector's namespace gives
+/// the report `expected` gave; the chart's own ConfigMap (the bundled template) says all
+/// `current`. (On a node every run already reads the chart's ConfigMap.)
+async fn same_from_configmaps(
+    cx: &Cx,
+    expected: &sidecar_injector_e2e::outdated::Report,
+    current: usize,
+) -> anyhow::Result<()> {
+    if cx.env.mode != Mode::Local {
+        return Ok(());
+    }
+    let cms: Api<ConfigMap> = Api::namespaced(cx.client.clone(), &cx.env.injector_namespace);
+    let name = format!("changed-{}", cx.ns);
+    cms.create(&PostParams::default(), &running_config(cx, &name)?)
+        .await?;
+    let reference = format!("{}/{name}", cx.env.injector_namespace);
+    let from_cm = outdated(&cx.env, &cx.ns, &["--from-configmap", &reference]).await;
+    cms.delete(&name, &DeleteParams::default()).await?;
+    let from_cm = from_cm?;
+    ensure!(
+        from_cm.code == expected.code && from_cm.json["workloads"] == expected.json["workloads"],
+        "from {reference}: exit {}: {}{}",
+        from_cm.code,
+        from_cm.json,
+        from_cm.stderr
+    );
+    let chart = format!("{}/{}", cx.env.injector_namespace, cx.env.webhook_config);
+    let from_chart = outdated(&cx.env, &cx.ns, &["--from-configmap", &chart]).await?;
+    ensure!(
+        from_chart.code == 0 && from_chart.workloads("current").len() == current,
+        "from the chart's ConfigMap {chart}: exit {}: {}{}",
+        from_chart.code,
+        from_chart.json,
+        from_chart.stderr
+    );
+    Ok(())
+}
+
+/// After a template change, `outdated` names exactly the workloads whose pods carry the old
+/// template, with the old and new image; workloads that do not use the template stay current;
+/// the server counts injections under the new template hash; putting the template back makes
+/// everything current again.
+#[tokio::test]
+async fn s20_outdated_names_exactly_the_workloads_a_template_change_affects() -> anyhow::Result<()>
+{
+    scenario(
+        "s20-outdated-report",
+        &[Need::TemplateChange],
+        |cx| async move {
+            create_workloads(
+                &cx,
+                &[
+                    deployment("web", 1, "Recreate", None, false),
+                    deployment("logs", 1, "Recreate", Some(LOG_SHIPPER), false),
+                ],
+                &[statefulset("db")],
+            )
+            .await?;
+            accepts(&cx.pods(), &opted_in("debug")).await?;
+            accepts(&cx.pods(), &app_pod("plain")).await?;
+            wait_for_pods(&cx, &[("web", 1), ("logs", 1), ("db", 1), ("debug", 1)]).await?;
+
+            let before = outdated(&cx.env, &cx.ns, &[]).await?;
+            ensure!(
+                before.code == 0,
+                "before the change: exit {}: {}{}",
+                before.code,
+                before.json,
+                before.stderr
+            );
+            ensure!(
+                before.all_workloads()
+                    == [
+                        "Deployment/logs",
+                        "Deployment/web",
+                        "Pod/debug",
+                        "StatefulSet/db"
+                    ]
+                    && before.workloads("current").len() == 4,
+                "before the change: {}",
+                before.json
+            );
+
+            let cx = &cx;
+
+            with_proxy_changed(cx, |old, new| async move {
+                let after = outdated(&cx.env, &cx.ns, &[]).await?;
+                ensure!(
+                    after.code == EXIT_OUTDATED,
+                    "after the change: exit {}: {}",
+                    after.code,
+                    after.stderr
+                );
+                ensure!(
+                    after.workloads("outdated")
+                        == ["Deployment/web", "Pod/debug", "StatefulSet/db"]
+                        && after.workloads("current") == ["Deployment/logs"],
+                    "after the change: {}",
+                    after.json
+                );
+                after.check_proxy_changed(&old, &new)?;
+                // The servers count injections under the new proxy hash; the log shipper's is
+                // unchanged.
+                let metrics = injector_metrics(&cx.env, &cx.client).await?;
+                let proxy = injection_hashes(&metrics, PROXY);
+                let shipper = injection_hashes(&metrics, LOG_SHIPPER);
+                ensure!(
+                    proxy.len() == 2 && shipper.len() == 1,
+                    "injections by template hash: proxy {proxy:?}, log-shipper {shipper:?}"
+                );
+                same_from_configmaps(cx, &after, 4).await
+            })
+            .await?;
+
+            let restored = outdated(&cx.env, &cx.ns, &[]).await?;
+            ensure!(
+                restored.code == 0 && restored.workloads("current").len() == 4,
+                "after putting the template back: exit {}: {}",
+                restored.code,
+                restored.json
+            );
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// `--restart --dry-run` changes nothing; `--restart` patches the pod templates the way
+/// `kubectl rollout restart` does, the controllers replace the pods with injected current ones,
+/// the bare pod is reported and left alone, and once a person recreates it the report is clean.
+#[tokio::test]
+async fn s21_restart_brings_the_report_back_clean() -> anyhow::Result<()> {
+    scenario(
+        "s21-outdated-restart",
+        &[Need::TemplateChange],
+        |cx| async move {
+            create_workloads(
+                &cx,
+                &[deployment("web", 2, "Recreate", None, false)],
+                &[statefulset("db")],
+            )
+            .await?;
+            accepts(&cx.pods(), &opted_in("debug")).await?;
+            wait_for_pods(&cx, &[("web", 2), ("db", 1), ("debug", 1)]).await?;
+            let old_pods: Vec<String> = cx
+                .pods()
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter_map(|p| p.metadata.uid)
+                .collect();
+
+            let cx = &cx;
+
+            with_proxy_changed(cx, |_old, new| async move {
+                let dry = outdated(&cx.env, &cx.ns, &["--restart", "--dry-run"]).await?;
+                ensure!(
+                    dry.code == EXIT_OUTDATED,
+                    "dry run: exit {}: {}",
+                    dry.code,
+                    dry.stderr
+                );
+                let mut actions = dry.restarts();
+                actions.sort();
+                ensure!(
+                    actions
+                        == [
+                            ("Deployment/web".to_owned(), "wouldRestart".to_owned()),
+                            ("Pod/debug".to_owned(), "notRestartable".to_owned()),
+                            ("StatefulSet/db".to_owned(), "wouldRestart".to_owned()),
+                        ],
+                    "dry run: {}",
+                    dry.json
+                );
+                for w in ["Deployment/web", "StatefulSet/db"] {
+                    ensure!(restarted_at(cx, w).await?.is_none(), "dry run patched {w}");
+                }
+
+                let run = outdated(&cx.env, &cx.ns, &["--restart", "--no-wait"]).await?;
+                // The bare pod is still outdated: it is never deleted.
+                ensure!(
+                    run.code == EXIT_OUTDATED,
+                    "restart: exit {}: {}",
+                    run.code,
+                    run.stderr
+                );
+                for w in ["Deployment/web", "StatefulSet/db"] {
+                    ensure!(
+                        restarted_at(cx, w).await?.is_some(),
+                        "{w}: no {RESTARTED_AT} on the pod template: {}",
+                        run.json
+                    );
+                }
+                let debug = cx.pods().get("debug").await?;
+                ensure!(
+                    debug
+                        .metadata
+                        .uid
+                        .as_ref()
+                        .is_some_and(|u| old_pods.contains(u))
+                        && debug.metadata.deletion_timestamp.is_none(),
+                    "the bare pod was touched"
+                );
+
+                // The controllers replace the pods; the new ones are injected with the new template.
+                let report = eventually(
+                    "the restarted workloads' new pods to be current",
+                    Duration::from_secs(90),
+                    || async {
+                        let r = outdated(&cx.env, &cx.ns, &[]).await?;
+                        Ok((r.workloads("outdated") == ["Pod/debug"]
+                            && r.workloads("current") == ["Deployment/web", "StatefulSet/db"])
+                        .then_some(r))
+                    },
+                )
+                .await?;
+                for w in report.json["workloads"].as_array().into_iter().flatten() {
+                    if w["kind"] == "Pod" {
+                        continue;
+                    }
+                    for p in w["pods"].as_array().into_iter().flatten() {
+                        let pod = cx
+                            .pods()
+                            .get(p["name"].as_str().unwrap_or_default())
+                            .await?;
+                        ensure!(
+                            !pod.metadata
+                                .uid
+                                .as_ref()
+                                .is_some_and(|u| old_pods.contains(u)),
+                            "pod {} is an old one",
+                            p["name"]
+                        );
+                        let proxy = init_containers(&pod).iter().find(|c| c.name == PROXY);
+                        ensure!(
+                            proxy.and_then(|c| c.image.as_deref()) == Some(new.as_str()),
+                            "pod {} has proxy {:?}",
+                            p["name"],
+                            proxy.and_then(|c| c.image.clone())
+                        );
+                    }
+                }
+
+                // A person recreates the bare pod; then nothing is outdated.
+                cx.pods().delete("debug", &DeleteParams::default()).await?;
+                eventually(
+                    "the bare pod to be gone",
+                    Duration::from_secs(60),
+                    || async { Ok(cx.pods().get_opt("debug").await?.is_none().then_some(())) },
+                )
+                .await?;
+                accepts(&cx.pods(), &opted_in("debug")).await?;
+                let clean = outdated(&cx.env, &cx.ns, &["--restart"]).await?;
+                ensure!(
+                    clean.code == 0
+                        && clean.workloads("current").len() == 3
+                        && clean.restarts().is_empty(),
+                    "after the restart: exit {}: {}",
+                    clean.code,
+                    clean.json
+                );
+                Ok(())
+            })
+            .await
+        },
+    )
+    .await
+}
+
+/// `--max` bounds how many workloads are restarted (on a node the one restarted is waited for
+/// until its rollout finishes); a rollout that does not finish within `--wait-timeout` stops the
+/// restarts (exit 1) before the next workload is touched.
+#[tokio::test]
+async fn s22_restart_is_limited_and_stops_at_an_unfinished_rollout() -> anyhow::Result<()> {
+    scenario(
+        "s22-outdated-limits",
+        &[Need::TemplateChange],
+        |cx| async move {
+            create_workloads(
+                &cx,
+                &[
+                    deployment("api", 1, "Recreate", None, false),
+                    // RollingUpdate, never ready: its new pod never becomes available.
+                    deployment("web", 1, "RollingUpdate", None, true),
+                    deployment("zeta", 1, "Recreate", None, false),
+                ],
+                &[],
+            )
+            .await?;
+            wait_for_pods(&cx, &[("api", 1), ("web", 1), ("zeta", 1)]).await?;
+
+            let cx = &cx;
+
+            with_proxy_changed(cx, |_old, _new| async move {
+                let node = cx.env.mode == Mode::Node;
+                let args: &[&str] = if node {
+                    &["--restart", "--max", "1", "--wait-timeout", "90s"]
+                } else {
+                    &["--restart", "--max", "1", "--no-wait"]
+                };
+                let first = outdated(&cx.env, &cx.ns, args).await?;
+                ensure!(
+                    first.code == EXIT_OUTDATED,
+                    "--max 1: exit {}: {}",
+                    first.code,
+                    first.stderr
+                );
+                ensure!(
+                    first.restarts()
+                        == [
+                            ("Deployment/api".to_owned(), "restarted".to_owned()),
+                            ("Deployment/web".to_owned(), "overLimit".to_owned()),
+                            ("Deployment/zeta".to_owned(), "overLimit".to_owned()),
+                        ],
+                    "--max 1: {}",
+                    first.json
+                );
+                let api = first
+                    .restart_of("Deployment/api")
+                    .context("no record for api")?;
+                let expected = if node {
+                    "rollout finished"
+                } else {
+                    "rollout not waited for"
+                };
+                ensure!(api["detail"] == expected, "api: {api}");
+                ensure!(
+                    restarted_at(cx, "Deployment/api").await?.is_some(),
+                    "api not patched"
+                );
+                for w in ["Deployment/web", "Deployment/zeta"] {
+                    ensure!(
+                        restarted_at(cx, w).await?.is_none(),
+                        "{w} patched beyond --max"
+                    );
+                }
+                eventually(
+                    "api's new pod to be current",
+                    Duration::from_secs(60),
+                    || async {
+                        let r = outdated(&cx.env, &cx.ns, &[]).await?;
+                        Ok(r.workloads("current")
+                            .contains(&"Deployment/api".to_owned())
+                            .then_some(()))
+                    },
+                )
+                .await?;
+
+                let second =
+                    outdated(&cx.env, &cx.ns, &["--restart", "--wait-timeout", "3s"]).await?;
+                ensure!(
+                    second.code == 1,
+                    "unfinished rollout: exit {}: {}",
+                    second.code,
+                    second.json
+                );
+                let web = second
+                    .restart_of("Deployment/web")
+                    .context("no record for web")?;
+                ensure!(
+                    web["action"] == "restarted"
+                        && web["detail"]
+                            .as_str()
+                            .is_some_and(|d| d.starts_with("rollout not finished after 3s")),
+                    "web: {web}"
+                );
+                ensure!(
+                    second.restart_of("Deployment/zeta").map(|r| &r["action"])
+                        == Some(&json!("notReached")),
+                    "zeta: {}",
+                    second.json
+                );
+                ensure!(
+                    restarted_at(cx, "Deployment/web").await?.is_some(),
+                    "web not patched"
+                );
+                ensure!(
+                    restarted_at(cx, "Deployment/zeta").await?.is_none(),
+                    "zeta was restarted after an unfinished rollout"
+                );
+                Ok(())
+            })
+            .await
+        },
+    )
     .await
 }
