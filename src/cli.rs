@@ -49,6 +49,10 @@ pub enum Command {
     /// now, by workload; with --restart, roll those workloads. Exit status 3: something is
     /// outdated (and was not restarted).
     ///
+    /// Pods are judged by the webhooks' own engine, with their namespace's labels choosing the
+    /// rule that opts them in (pod label or namespace); pods another revision injected are
+    /// listed as such and never restarted.
+    ///
     /// The cluster is the one KUBECONFIG (or ~/.kube/config) names, or the pod's own service
     /// account when run in a cluster.
     Outdated(crate::outdated::OutdatedArgs),

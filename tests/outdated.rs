@@ -12,6 +12,7 @@
 //! The statuses carry no `context` (written before it existed), so these tests also show that
 //! such pods are judged by rendering from the whole pod.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
@@ -20,7 +21,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::de::DeserializeOwned;
 use sidecar_injector::config::Injector;
 use sidecar_injector::outdated::check::{Change, PodState, SidecarChange, check};
-use sidecar_injector::outdated::report::Report;
+use sidecar_injector::outdated::report::{NamespaceLabels, Report};
 use sidecar_injector::outdated::workload::{
     Owners, RESTARTED_AT, Rollout, Workload, daemonset_rollout, deployment_rollout, restart_patch,
     statefulset_rollout,
@@ -43,6 +44,15 @@ fn items<K: DeserializeOwned>(file: &str) -> Vec<K> {
 
 fn pods() -> Vec<Pod> {
     items("pods.json")
+}
+
+/// The namespaces' labels: `shop` did not opt in (every pod there opted in by its own label).
+fn namespaces() -> NamespaceLabels {
+    [("shop".to_owned(), BTreeMap::new())].into()
+}
+
+fn no_labels() -> BTreeMap<String, String> {
+    BTreeMap::new()
 }
 
 fn owners() -> Owners {
@@ -125,7 +135,7 @@ fn proxy_change(old: &str, new: &str) -> PodState {
 
 #[test]
 fn after_a_template_change_exactly_the_older_workloads_are_outdated() {
-    let report = Report::build(&changed(), &pods(), &owners());
+    let report = Report::build(&changed(), &pods(), &owners(), &namespaces());
     assert_eq!(
         states(&report),
         [
@@ -158,7 +168,7 @@ fn after_a_template_change_exactly_the_older_workloads_are_outdated() {
 
 #[test]
 fn against_the_old_configuration_only_the_newer_workload_is_outdated() {
-    let report = Report::build(&recorded(), &pods(), &owners());
+    let report = Report::build(&recorded(), &pods(), &owners(), &namespaces());
     let outdated: Vec<String> = report
         .workloads
         .iter()
@@ -167,7 +177,7 @@ fn against_the_old_configuration_only_the_newer_workload_is_outdated() {
         .collect();
     assert_eq!(outdated, ["Deployment/api"]);
     assert_eq!(
-        check(&recorded(), &named_pod("api-")),
+        check(&recorded(), &named_pod("api-"), &no_labels()),
         Some(proxy_change(NEW_PROXY, OLD_PROXY))
     );
 }
@@ -175,18 +185,22 @@ fn against_the_old_configuration_only_the_newer_workload_is_outdated() {
 #[test]
 fn pods_that_are_not_the_injectors_business_are_not_listed() {
     let inj = changed();
-    assert_eq!(check(&inj, &pod("plain")), None, "not opted in");
+    assert_eq!(
+        check(&inj, &pod("plain"), &no_labels()),
+        None,
+        "not opted in"
+    );
     let mut done = pod("debug");
     if let Some(s) = done.status.as_mut() {
         s.phase = Some("Succeeded".into());
     }
-    assert_eq!(check(&inj, &done), None, "finished");
+    assert_eq!(check(&inj, &done, &no_labels()), None, "finished");
     let mut deleting = pod("debug");
     deleting.metadata.deletion_timestamp = pod("debug").metadata.creation_timestamp;
-    assert_eq!(check(&inj, &deleting), None, "being deleted");
+    assert_eq!(check(&inj, &deleting, &no_labels()), None, "being deleted");
     let mut skipped = pod("plain");
     skipped.metadata.namespace = Some("kube-system".into());
-    assert_eq!(check(&inj, &skipped), None);
+    assert_eq!(check(&inj, &skipped, &no_labels()), None);
 }
 
 #[test]
@@ -197,8 +211,8 @@ fn opted_in_pod_without_status_is_not_injected() {
         .annotations
         .as_mut()
         .map(|a| a.remove("sidecar-injector.io/status"));
-    assert_eq!(check(&inj, &p), Some(PodState::NotInjected));
-    let report = Report::build(&inj, &[p], &owners());
+    assert_eq!(check(&inj, &p, &no_labels()), Some(PodState::NotInjected));
+    let report = Report::build(&inj, &[p], &owners(), &namespaces());
     assert_eq!(report.counts.not_injected, 1);
     assert!(report.anything_outdated());
     assert!(report.workloads[0].needs_restart());
@@ -226,7 +240,7 @@ fn another_revisions_pods_are_reported_as_such_and_not_restarted() {
         .get_or_insert_with(Default::default)
         .insert("sidecar-injector.io/rev".into(), "canary".into());
     assert_eq!(
-        check(&changed(), &canary),
+        check(&changed(), &canary, &no_labels()),
         Some(PodState::OtherRevision {
             revision: "canary".into()
         })
@@ -235,14 +249,14 @@ fn another_revisions_pods_are_reported_as_such_and_not_restarted() {
     let config = format!("{}\nrevision: canary\n", recorded_config());
     let inj =
         Injector::from_sources("canary.yaml", &config, recorded_templates(), None).expect("loads");
-    assert_eq!(check(&inj, &canary), Some(PodState::Current));
+    assert_eq!(check(&inj, &canary, &no_labels()), Some(PodState::Current));
     assert_eq!(
-        check(&inj, &pod("debug")),
+        check(&inj, &pod("debug"), &no_labels()),
         Some(PodState::OtherRevision {
             revision: String::new()
         })
     );
-    let report = Report::build(&changed(), &[canary], &owners());
+    let report = Report::build(&changed(), &[canary], &owners(), &namespaces());
     assert!(!report.anything_outdated());
     assert!(!report.workloads[0].needs_restart());
 }
@@ -257,7 +271,7 @@ fn templates_added_or_removed_are_named() {
     let inj =
         Injector::from_sources("c.yaml", &only_proxy, recorded_templates(), None).expect("loads");
     assert_eq!(
-        check(&inj, &pod("debug")),
+        check(&inj, &pod("debug"), &no_labels()),
         Some(PodState::Outdated {
             changes: vec![Change::Removed {
                 template: "log-shipper".into()
@@ -277,7 +291,7 @@ fn a_change_outside_the_sidecars_is_attributed_to_its_template() {
         .collect();
     let inj = Injector::from_sources("c.yaml", &recorded_config(), templates, None).expect("loads");
     assert_eq!(
-        check(&inj, &pod("debug")),
+        check(&inj, &pod("debug"), &no_labels()),
         Some(PodState::Outdated {
             changes: vec![Change::Changed {
                 template: "log-shipper".into(),
@@ -299,7 +313,7 @@ fn a_changed_non_owned_sidecar_field_is_named() {
         })
         .collect();
     let inj = Injector::from_sources("c.yaml", &recorded_config(), templates, None).expect("loads");
-    let Some(PodState::Outdated { changes }) = check(&inj, &pod("debug")) else {
+    let Some(PodState::Outdated { changes }) = check(&inj, &pod("debug"), &no_labels()) else {
         panic!("outdated expected");
     };
     assert_eq!(
@@ -328,7 +342,7 @@ fn a_broken_status_or_a_template_gone_is_unknown() {
         .as_mut()
         .map(|a| a.insert("sidecar-injector.io/status".into(), "{oops".into()));
     assert!(matches!(
-        check(&changed(), &p),
+        check(&changed(), &p, &no_labels()),
         Some(PodState::Unknown { .. })
     ));
     let mut p = pod("debug");
@@ -336,7 +350,7 @@ fn a_broken_status_or_a_template_gone_is_unknown() {
         .annotations
         .as_mut()
         .map(|a| a.insert("sidecar-injector.io/templates".into(), "gone".into()));
-    let Some(PodState::Unknown { reason }) = check(&changed(), &p) else {
+    let Some(PodState::Unknown { reason }) = check(&changed(), &p, &no_labels()) else {
         panic!("unknown expected");
     };
     assert!(reason.contains("\"gone\""), "{reason}");
@@ -481,7 +495,7 @@ fn a_change_the_pod_cannot_show_is_reported_unattributed() {
         .collect();
     assert_ne!(templates, recorded_templates());
     let inj = Injector::from_sources("c.yaml", &recorded_config(), templates, None).expect("loads");
-    let state = check(&inj, &pod("debug"));
+    let state = check(&inj, &pod("debug"), &no_labels());
     assert_eq!(
         state,
         Some(PodState::Outdated {
@@ -496,5 +510,86 @@ fn a_change_the_pod_cannot_show_is_reported_unattributed() {
     assert_eq!(
         changes[0].to_string(),
         "templates [log-shipper, proxy]: rendered hash changed (not visible in the pod's fields)"
+    );
+}
+
+/// `pod` as the mutating webhook would store it, opted in with its namespace's `labels` (`None`:
+/// the engine does not inject it through the namespace entry).
+fn injected_in(inj: &Injector, mut pod: Pod, labels: &BTreeMap<String, String>) -> Option<Pod> {
+    use sidecar_injector::inject::{Decision, Entry, PodFacts, apply, decide, plan_edits};
+    let mut facts = PodFacts::new(&pod, None);
+    facts.namespace_labels = Some(labels);
+    let plan = match decide(inj, &facts) {
+        Ok(Decision::Inject(plan)) if plan.entry == Entry::Namespace => plan,
+        _ => return None,
+    };
+    let edits = plan_edits(inj, &pod, &plan);
+    apply(&mut pod, &edits);
+    Some(pod)
+}
+
+/// A pod opted in by its namespace is judged through the namespace entry: current while the
+/// namespace is labelled, no longer injected once it is not, or when the pod opts out; another
+/// revision's namespace leaves it to that revision.
+#[test]
+fn a_pod_opted_in_by_its_namespace_is_judged_as_the_namespace_entry() {
+    let inj = changed();
+    let enabled: BTreeMap<String, String> = [(
+        "sidecar-injector.io/inject".to_owned(),
+        "enabled".to_owned(),
+    )]
+    .into();
+    let plain = pod("plain");
+    assert_eq!(check(&inj, &plain, &no_labels()), None, "not opted in");
+    assert_eq!(
+        check(&inj, &plain, &enabled),
+        Some(PodState::NotInjected),
+        "its namespace opts it in"
+    );
+    let stored = injected_in(&inj, plain, &enabled).expect("injected through its namespace");
+    assert_eq!(check(&inj, &stored, &enabled), Some(PodState::Current));
+    let by_namespace: NamespaceLabels = [("shop".to_owned(), enabled.clone())].into();
+    let report = Report::build(
+        &inj,
+        std::slice::from_ref(&stored),
+        &owners(),
+        &by_namespace,
+    );
+    assert_eq!(report.counts.current, 1);
+    assert!(!report.anything_outdated());
+
+    let not_injected_now =
+        |labels: &BTreeMap<String, String>, pod: &Pod| match check(&inj, pod, labels) {
+            Some(PodState::Outdated { changes }) => match changes.as_slice() {
+                [Change::NotInjectedNow { reason }] => reason.clone(),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        };
+    let reason = not_injected_now(&no_labels(), &stored);
+    assert!(
+        reason.contains("sidecar-injector.io/inject=enabled"),
+        "{reason}"
+    );
+    let mut canary = enabled.clone();
+    canary.insert("sidecar-injector.io/rev".into(), "canary".into());
+    let reason = not_injected_now(&canary, &stored);
+    assert!(reason.contains("revision \"canary\""), "{reason}");
+    let mut opted_out = stored.clone();
+    opted_out
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("sidecar-injector.io/inject".into(), "false".into());
+    let reason = not_injected_now(&enabled, &opted_out);
+    assert!(reason.contains("opts out"), "{reason}");
+
+    // Injected by the canary revision: not this installation's to judge, whatever the labels.
+    let theirs = with_revision(stored, "canary");
+    assert_eq!(
+        check(&inj, &theirs, &enabled),
+        Some(PodState::OtherRevision {
+            revision: "canary".into()
+        })
     );
 }

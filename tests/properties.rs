@@ -770,7 +770,7 @@ proptest! {
             let had_status = case.pod["metadata"]["annotations"]
                 .get(&inj.config.status_annotation)
                 .is_some();
-            let verdict = check(inj, &typed(&object));
+            let verdict = check(inj, &typed(&object), &Default::default());
             if injected {
                 prop_assert_eq!(verdict, Some(PodState::Current), "{:#}", object);
             } else if !had_status {

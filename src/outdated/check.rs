@@ -2,14 +2,14 @@
 //! but not injected, or injected by another revision. Pure: a pod and an injector in, a verdict
 //! out, decided by the same engine the webhooks use.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::config::Injector;
-use crate::inject::{Decision, PodFacts, Rendered, Status, decide};
+use crate::inject::{Decision, PodFacts, Rendered, Status, decide, opt_in};
 use crate::validate::{OWNED_FIELDS, field_problems};
 
 /// Where a pod stands.
@@ -133,13 +133,24 @@ fn is_live(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none() && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// Judges one pod. `None`: the pod is none of the injector's business (not injected and not
-/// opted in, skipped by a rule, finished, or being deleted).
-pub fn check(inj: &Injector, pod: &Pod) -> Option<PodState> {
+/// Judges one pod. `namespace_labels` are the labels of the pod's namespace, read from the
+/// cluster: with them the engine picks the rule that opts the pod in exactly as the chart's
+/// webhook entries select it (the namespace entry for a namespace labelled
+/// `inject: enabled` with this revision, else the pod's own label), so a pod opted in through
+/// its namespace is judged as the namespace entry judged it when it was created.
+///
+/// `None`: the pod is none of the injector's business (not injected and not opted in, skipped
+/// by a rule, finished, or being deleted).
+pub fn check(
+    inj: &Injector,
+    pod: &Pod,
+    namespace_labels: &BTreeMap<String, String>,
+) -> Option<PodState> {
     if !is_live(pod) {
         return None;
     }
-    let facts = PodFacts::new(pod, None);
+    let mut facts = PodFacts::new(pod, None);
+    facts.namespace_labels = Some(namespace_labels);
     let recorded = pod
         .metadata
         .annotations
@@ -162,14 +173,12 @@ pub fn check(inj: &Injector, pod: &Pod) -> Option<PodState> {
             ),
         });
     };
-    // Read apart from `Status` so that a status without the field (every one before
-    // revisions existed) means the default, unnamed revision.
-    let revision = serde_json::from_str::<Value>(recorded)
-        .ok()
-        .and_then(|v| v.get("revision")?.as_str().map(str::to_owned))
-        .unwrap_or_default();
-    if revision != inj.config.revision {
-        return Some(PodState::OtherRevision { revision });
+    // A status without `revision` (the default revision's, or one written before revisions
+    // existed) reads as the default, unnamed revision.
+    if status.revision != inj.config.revision {
+        return Some(PodState::OtherRevision {
+            revision: status.revision,
+        });
     }
     let plan = match decide(inj, &facts) {
         Err(error) => {
@@ -178,13 +187,12 @@ pub fn check(inj: &Injector, pod: &Pod) -> Option<PodState> {
             });
         }
         Ok(Decision::NotOptedIn) => {
+            let reason = match opt_in(inj, &facts) {
+                Err(reason) => reason,
+                Ok(_) => "it is no longer opted in".to_owned(),
+            };
             return Some(PodState::Outdated {
-                changes: vec![Change::NotInjectedNow {
-                    reason: format!(
-                        "it no longer carries the label {}=\"true\"",
-                        inj.config.inject_label
-                    ),
-                }],
+                changes: vec![Change::NotInjectedNow { reason }],
             });
         }
         Ok(Decision::Skip(reason)) => {

@@ -6,11 +6,12 @@ use std::time::Duration;
 use anyhow::Context as _;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
+use super::report::NamespaceLabels;
 use super::workload::{
     Owners, Rollout, Workload, daemonset_rollout, deployment_rollout, restart_patch,
     statefulset_rollout,
@@ -70,6 +71,38 @@ pub async fn pods_and_owners(
     let replica_sets: Vec<ReplicaSet> = list_all(client, namespace, "replicasets").await?;
     let jobs: Vec<Job> = list_all(client, namespace, "jobs").await?;
     Ok((pods, Owners::new(&replica_sets, &jobs)))
+}
+
+/// The labels of the namespaces in scope: they decide which webhook entry (the pod's label or
+/// its namespace's) opts a pod in. Namespaces are read, never changed.
+pub async fn namespace_labels(
+    client: &Client,
+    namespace: Option<&str>,
+) -> anyhow::Result<NamespaceLabels> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let labels = |ns: Namespace| {
+        (
+            ns.metadata.name.unwrap_or_default(),
+            ns.metadata.labels.unwrap_or_default(),
+        )
+    };
+    if let Some(name) = namespace {
+        let ns = api
+            .get(name)
+            .await
+            .with_context(|| format!("cannot read namespace {name}"))?;
+        return Ok([labels(ns)].into_iter().collect());
+    }
+    let mut out = NamespaceLabels::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        let page = api.list(&params).await.context("cannot list namespaces")?;
+        out.extend(page.items.into_iter().map(labels));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(out),
+        }
+    }
 }
 
 /// The configuration in the chart's ConfigMap. The injector's own namespace is the

@@ -116,7 +116,8 @@ impl OutdatedArgs {
             }
         };
         let (pods, owners) = cluster::pods_and_owners(&client, namespace.as_deref()).await?;
-        let mut report = Report::build(&inj, &pods, &owners);
+        let namespaces = cluster::namespace_labels(&client, namespace.as_deref()).await?;
+        let mut report = Report::build(&inj, &pods, &owners, &namespaces);
         let mut failed = false;
         let mut left_outdated = report.anything_outdated();
         if restart {

@@ -10,6 +10,9 @@ use super::check::{PodState, check};
 use super::workload::{Owners, Workload};
 use crate::config::Injector;
 
+/// Labels by namespace name: what decides whether a namespace opted its pods in.
+pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;
+
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodReport {
@@ -81,12 +84,25 @@ const SEVERITY: [&str; 5] = [
 
 impl Report {
     /// Judges every pod and groups the judged ones by workload, sorted by namespace, kind and
-    /// name (pods by name), so equal clusters give equal reports.
-    pub fn build(inj: &Injector, pods: &[Pod], owners: &Owners) -> Self {
+    /// name (pods by name), so equal clusters give equal reports. `namespaces` holds the labels
+    /// of the pods' namespaces (a namespace missing from it has none).
+    pub fn build(
+        inj: &Injector,
+        pods: &[Pod],
+        owners: &Owners,
+        namespaces: &NamespaceLabels,
+    ) -> Self {
+        let none = BTreeMap::new();
         let mut groups: BTreeMap<Workload, Vec<PodReport>> = BTreeMap::new();
         let mut counts = Counts::default();
         for pod in pods {
-            let Some(state) = check(inj, pod) else {
+            let labels = pod
+                .metadata
+                .namespace
+                .as_ref()
+                .and_then(|ns| namespaces.get(ns))
+                .unwrap_or(&none);
+            let Some(state) = check(inj, pod, labels) else {
                 continue;
             };
             match state {
