@@ -30,6 +30,7 @@ def test_report_is_read_only_and_exactly_what_the_report_lists(helm):
     r = render("outdated.rbac.report=true", helm=helm)
     report = r.one("ClusterRole", f"{FULLNAME}-outdated-report")
     assert rules(report) == [
+        (("",), ("namespaces",), ("get", "list"), ()),
         (("",), ("pods",), ("list",), ()),
         (("apps",), ("replicasets",), ("list",), ()),
         (("batch",), ("jobs",), ("list",), ()),
