@@ -1941,3 +1941,74 @@ async fn s22_restart_is_limited_and_stops_at_an_unfinished_rollout() -> anyhow::
     )
     .await
 }
+
+/// 23. `outdated` judges a pod opted in through its namespace as the namespace entry does: it is
+/// current while its namespace is labelled `sidecar-injector.io/inject: enabled` (a pod there
+/// that opts out is not listed); once the label is gone, the pod "would not be injected now"
+/// and needs a restart, and `-o json` says which rule dropped it.
+#[tokio::test]
+async fn s23_outdated_judges_namespace_opted_in_pods_by_the_namespace_entry() -> anyhow::Result<()>
+{
+    scenario(
+        "s23-outdated-namespace",
+        &[Need::TemplateChange],
+        |cx| async move {
+            let ns = cx
+                .extra_namespace("enabled", &[(INJECT_LABEL, NAMESPACE_ENABLED)])
+                .await?;
+            let outcome = async {
+                let pods = cx.pods_in(&ns);
+                eventually("the namespace entry to inject", WAIT, || async {
+                    let pod = dry_run(&pods, &app_pod("probe")).await?;
+                    Ok(status_annotation(&pod).is_some().then_some(()))
+                })
+                .await?;
+                let stored = accepts(&pods, &app_pod("web")).await?;
+                check_injected(&stored).context("a pod without the label")?;
+                let out = accepts(&pods, &labelled(app_pod("out"), INJECT_LABEL, "false")).await?;
+                check_untouched(&out).context("a pod labelled \"false\"")?;
+
+                let report = outdated(&cx.env, &ns, &[]).await?;
+                ensure!(
+                    report.code == 0
+                        && report.all_workloads() == ["Pod/web"]
+                        && report.workloads("current") == ["Pod/web"],
+                    "while the namespace opts in: exit {}: {}{}",
+                    report.code,
+                    report.json,
+                    report.stderr
+                );
+
+                let namespaces: Api<Namespace> = Api::all(cx.client.clone());
+                namespaces
+                    .patch(
+                        &ns,
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"metadata": {"labels": {INJECT_LABEL: null}}})),
+                    )
+                    .await?;
+                let report = outdated(&cx.env, &ns, &[]).await?;
+                ensure!(
+                    report.code == EXIT_OUTDATED && report.workloads("outdated") == ["Pod/web"],
+                    "after the namespace's label is removed: exit {}: {}{}",
+                    report.code,
+                    report.json,
+                    report.stderr
+                );
+                let change = &report.json["workloads"][0]["pods"][0]["changes"][0];
+                ensure!(
+                    change["kind"] == "notInjectedNow"
+                        && change["reason"].as_str().is_some_and(
+                            |r| r.contains(&format!("{INJECT_LABEL}={NAMESPACE_ENABLED}"))
+                        ),
+                    "the change names the namespace rule: {change}"
+                );
+                Ok(())
+            }
+            .await;
+            let _ = cx.delete_namespace(&ns).await;
+            outcome
+        },
+    )
+    .await
+}
