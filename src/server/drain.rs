@@ -78,6 +78,8 @@ pub struct Activity {
     in_flight: AtomicUsize,
     last_activity_ms: AtomicU64,
     http2: AtomicBool,
+    /// Whether a request has ever started on this connection.
+    requested: AtomicBool,
     draining: Arc<AtomicBool>,
 }
 
@@ -88,6 +90,7 @@ impl Activity {
             in_flight: AtomicUsize::new(0),
             last_activity_ms: AtomicU64::new(0),
             http2: AtomicBool::new(false),
+            requested: AtomicBool::new(false),
             draining,
         }
     }
@@ -134,6 +137,7 @@ impl ActivityHandle {
             a.http2.store(true, Ordering::SeqCst);
         }
         a.in_flight.fetch_add(1, Ordering::SeqCst);
+        a.requested.store(true, Ordering::SeqCst);
         a.touch();
         InFlight(a.clone())
     }
@@ -155,15 +159,26 @@ impl ConnWatch {
         ActivityHandle(self.activity.clone())
     }
 
-    /// Drives `conn` until it ends, or until the drain has begun and it is done serving.
-    /// `None`: the connection was idle and has been closed by dropping it.
-    pub async fn serve<C>(mut self, conn: C) -> Option<C::Output>
+    /// Drives `conn` until it ends, or until the drain has begun and it is done serving, or
+    /// until `first_request` has passed without a request: hyper's header-read timeout starts
+    /// only once a client has shown which HTTP version it speaks, and HTTP/2 has none, so a
+    /// client that sends nothing (or an endless HTTP/2 preface) would otherwise hold its
+    /// socket forever. `None`: the connection was closed by dropping it.
+    pub async fn serve<C>(mut self, conn: C, first_request: Duration) -> Option<C::Output>
     where
         C: GracefulConnection + Future,
     {
         let mut conn = pin!(conn);
+        let activity = self.activity.clone();
+        let silent = async move {
+            tokio::time::sleep(first_request).await;
+            if activity.requested.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             output = conn.as_mut() => return Some(output),
+            () = silent => return None,
             _ = self.signal.wait_for(|draining| *draining) => {}
         }
         if self.activity.http2.load(Ordering::SeqCst) {

@@ -69,7 +69,8 @@ pub struct ServeArgs {
     /// Largest accepted request body, in bytes (the API server's own request limit is 3 MiB).
     #[arg(long, env = "SIDECAR_INJECTOR_MAX_BODY_BYTES", default_value_t = 6 * 1024 * 1024)]
     pub max_body_bytes: usize,
-    /// Time allowed for a client to send its request headers.
+    /// Time allowed for a client to complete its TLS handshake, and then to send its request
+    /// headers; a connection that has sent no request this long after its handshake is closed.
     #[arg(long, env = "SIDECAR_INJECTOR_HEADER_READ_TIMEOUT", value_parser = parse_duration, default_value = "5s")]
     pub header_read_timeout: Duration,
     /// Time allowed for one request, body included (the API server gives up after 30s at most).
@@ -305,7 +306,7 @@ async fn accept_tls(
     state: &Arc<State>,
     builder: &Arc<auto::Builder<TokioExecutor>>,
     drain: &drain::Drain,
-    handshake_timeout: Duration,
+    header_read_timeout: Duration,
 ) {
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -321,7 +322,7 @@ async fn accept_tls(
         let (acceptor, state, builder) = (acceptor.clone(), state.clone(), builder.clone());
         let watch = drain.watch();
         tokio::spawn(async move {
-            let tls = match tokio::time::timeout(handshake_timeout, acceptor.accept(tcp)).await {
+            let tls = match tokio::time::timeout(header_read_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),
                 Err(_) => return tracing::debug!(%peer, "TLS handshake timed out"),
@@ -340,7 +341,7 @@ async fn accept_tls(
                     }
                 });
             let conn = builder.serve_connection(TokioIo::new(tls), service);
-            if let Some(Err(error)) = watch.serve(conn).await {
+            if let Some(Err(error)) = watch.serve(conn, header_read_timeout).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });
