@@ -216,3 +216,115 @@ pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -
     }
     false
 }
+
+/// The real binary serving on loopback as a child process, so a test can read its memory from
+/// /proc and send it signals. Killed when dropped.
+pub struct ServerProcess {
+    pub child: std::process::Child,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub ca_pem: String,
+    log: Option<std::thread::JoinHandle<String>>,
+    _dir: tempfile::TempDir,
+}
+
+impl ServerProcess {
+    /// Starts `serve` with the development certificate and `extra` flags; returns once ready.
+    pub async fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_file = dir.path().join("ca.pem");
+        let (port, admin_port) = (free_port(), free_port());
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+            .args(["--dev-ca-file", ca_file.to_str().unwrap()])
+            .args(["--log-format", "json"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Drain the log as it comes, or a full pipe would block the server.
+        let mut stderr = child.stderr.take().unwrap();
+        let log = std::thread::spawn(move || {
+            let mut log = String::new();
+            use std::io::Read as _;
+            let _ = stderr.read_to_string(&mut log);
+            log
+        });
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
+        let ready = eventually(Duration::from_secs(30), async || {
+            matches!(get(admin, "/readyz").await, Ok((StatusCode::OK, _)))
+        })
+        .await;
+        assert!(ready, "server never became ready");
+        let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
+        Self {
+            child,
+            addr,
+            admin,
+            ca_pem,
+            log: Some(log),
+            _dir: dir,
+        }
+    }
+
+    /// A field of /proc/<pid>/status in KiB (`VmRSS`: resident now; `VmHWM`: the peak).
+    pub fn status_kib(&self, field: &str) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in /proc status:\n{status}"))
+    }
+
+    pub fn rss_mib(&self) -> f64 {
+        self.status_kib("VmRSS") as f64 / 1024.0
+    }
+
+    pub fn peak_rss_mib(&self) -> f64 {
+        self.status_kib("VmHWM") as f64 / 1024.0
+    }
+
+    /// Open file descriptors of the server (its connections among them).
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(Iterator::count)
+            .unwrap_or(0)
+    }
+
+    pub fn sigterm(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit (at most `limit`); its exit status and its log.
+    pub fn wait(mut self, limit: Duration) -> (std::process::ExitStatus, String) {
+        let deadline = std::time::Instant::now() + limit;
+        let status = loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                panic!("server did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let log = self.log.take().unwrap().join().unwrap();
+        (status, log)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
