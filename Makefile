@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: run test test-unit test-chart test-e2e test-e2e-node control-plane lint bench build release help
+.PHONY: run test test-unit test-chart test-e2e test-e2e-node control-plane lint fuzz bench build release help
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -21,8 +21,12 @@ lint: ## Formatting and clippy, warnings as errors.
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
 
-test-unit: ## Unit, golden, property, CLI and server tests.
+test-unit: ## Unit, golden, property, CLI, server and hostile-client tests, and a 3-second fuzz pass.
 	$(CARGO) test
+
+FUZZ_SECONDS ?= 300
+fuzz: ## Fuzz the review parser and patch builder for FUZZ_SECONDS (default 300; FUZZ_SEED replays a run).
+	FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --test fuzz -- --nocapture
 
 test-chart: ## helm lint, chart snapshots and webhook-field checks, hadolint.
 	bash charts/test.sh
