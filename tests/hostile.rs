@@ -406,27 +406,31 @@ struct H2Seen {
     closed: bool,
 }
 
-/// Opens a TLS connection with ALPN h2, exchanges prefaces and settings; returns its halves and
-/// a task that reads the server's frames until it closes.
-async fn h2_attacker(
-    addr: SocketAddr,
-    ca: &str,
-) -> (
+type H2Attacker = (
     tokio::io::WriteHalf<tokio_rustls::client::TlsStream<TcpStream>>,
     Arc<Mutex<H2Seen>>,
     tokio::task::JoinHandle<()>,
-) {
+);
+
+/// Opens a TLS connection with ALPN h2, exchanges prefaces and settings; returns its halves and
+/// a task that reads the server's frames until it closes.
+async fn h2_attacker(addr: SocketAddr, ca: &str) -> H2Attacker {
     use h2frame::*;
     let mut stream = connect(addr, ca, &[b"h2"]).await.unwrap();
     assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
     let mut hello = PREFACE.to_vec();
     hello.extend(frame(SETTINGS, 0, 0, &[]));
+    // tokio-rustls may keep written records until flushed.
     stream.write_all(&hello).await.unwrap();
+    stream.flush().await.unwrap();
     let mut buf = Vec::new();
     'settings: loop {
         let mut chunk = [0u8; 4096];
-        let n = stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "server closed before its SETTINGS");
+        let n = stream.read(&mut chunk).await.unwrap_or(0);
+        assert!(
+            n > 0,
+            "the server closed a new connection before its SETTINGS"
+        );
         buf.extend(&chunk[..n]);
         for (kind, flags, _) in parse(&mut buf) {
             if kind == SETTINGS && flags & ACK == 0 {
@@ -438,6 +442,7 @@ async fn h2_attacker(
         .write_all(&frame(SETTINGS, ACK, 0, &[]))
         .await
         .unwrap();
+    stream.flush().await.unwrap();
     let (mut read, write) = tokio::io::split(stream);
     let seen = Arc::new(Mutex::new(H2Seen::default()));
     let reader = {
@@ -471,7 +476,7 @@ async fn h2_attacker(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_rapid_reset_is_cut_off() {
     use h2frame::*;
-    let server = ServerProcess::start(&[]).await;
+    let server = ServerProcess::start(&["--header-read-timeout", "2s"]).await;
     let base = baseline(&server).await;
     let good = good_load(server.addr, &server.ca_pem);
     let block = post_mutate();
@@ -678,6 +683,7 @@ async fn sigterm_with_hostile_clients_connected_loses_nothing() {
                 .await
                 .unwrap(),
         }
+        s.flush().await.unwrap();
         hostile.push(s);
     }
     let answered = Arc::new(AtomicUsize::new(0));

@@ -240,7 +240,7 @@ impl ServerProcess {
             .args(["--dev-ca-file", ca_file.to_str().unwrap()])
             .args(["--log-format", "json"])
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info,sidecar_injector=debug")
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -326,5 +326,19 @@ impl Drop for ServerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A failing test shows the end of the server's log.
+        if std::thread::panicking()
+            && let Some(log) = self.log.take().and_then(|l| l.join().ok())
+        {
+            let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("server-{}.log", self.child.id()));
+            let _ = std::fs::write(&path, &log);
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "server log (last 40 lines; all in {}):\n{}",
+                path.display(),
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            );
+        }
     }
 }
