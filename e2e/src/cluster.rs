@@ -16,7 +16,7 @@ use crate::eventually;
 /// Label on every namespace the suite creates, naming the scenario.
 pub const SCENARIO_LABEL: &str = "e2e.sidecar-injector.io/scenario";
 /// Bound on one scenario, setup and waits included.
-pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
+pub const SCENARIO_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bound on one wait for the cluster to catch up.
 pub const WAIT: Duration = Duration::from_secs(30);
 

@@ -1761,12 +1761,21 @@ async fn s21_restart_brings_the_report_back_clean() -> anyhow::Result<()> {
                 // The controllers replace the pods; the new ones are injected with the new template.
                 let report = eventually(
                     "the restarted workloads' new pods to be current",
-                    Duration::from_secs(90),
+                    // On a node the old pods really stop and the new ones really start (the
+                    // StatefulSet one after the other): minutes on a busy machine.
+                    Duration::from_secs(180),
                     || async {
                         let r = outdated(&cx.env, &cx.ns, &[]).await?;
-                        Ok((r.workloads("outdated") == ["Pod/debug"]
-                            && r.workloads("current") == ["Deployment/web", "StatefulSet/db"])
-                        .then_some(r))
+                        if r.workloads("outdated") == ["Pod/debug"]
+                            && r.workloads("current") == ["Deployment/web", "StatefulSet/db"]
+                        {
+                            return Ok(Some(r));
+                        }
+                        anyhow::bail!(
+                            "outdated {:?}, current {:?}",
+                            r.workloads("outdated"),
+                            r.workloads("current")
+                        )
                     },
                 )
                 .await?;
