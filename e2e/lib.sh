@@ -82,6 +82,22 @@ e2e_run_scenarios() { # cargo total log
   return "$rc"
 }
 
+# Runs the scenarios (e2e_run_scenarios) where every scenario has what it needs, so a
+# scenario that skips itself counts as failed. Sets PASSED and FAILED for the caller's report;
+# returns non-zero when anything failed.
+e2e_run_scenarios_none_skipped() { # cargo total log
+  local rc=0
+  e2e_run_scenarios "$@" || rc=$?
+  # shellcheck disable=SC2034 # read by the runner that sources this file
+  PASSED=$E2E_PASSED
+  FAILED=$E2E_FAILED
+  if ((E2E_SKIPPED > 0)); then
+    e2e_log "ERROR: $E2E_SKIPPED scenarios skipped themselves (nothing may be skipped here)"
+    FAILED=$((FAILED + E2E_SKIPPED))
+  fi
+  ((rc == 0 && FAILED == 0))
+}
+
 # Ends a suite still running (cargo and the test binary: the whole session), if any.
 e2e_stop_scenarios() {
   local pid=$E2E_SUITE_PID i
