@@ -3,7 +3,6 @@
 use std::fmt::Write as _;
 
 use crate::config::Injector;
-use crate::inject::Edit;
 use crate::manifest::{Doc, DocOutcome, ManifestError, Target, process_for};
 
 /// A human-readable report of what the injector does to each document.
@@ -66,7 +65,7 @@ fn describe(inj: &Injector, doc: &Doc, out: &mut String) {
         DocOutcome::Injected {
             entry,
             templates,
-            edits,
+            changes,
         } => {
             let _ = writeln!(
                 out,
@@ -75,8 +74,8 @@ fn describe(inj: &Injector, doc: &Doc, out: &mut String) {
                 templates.join(", "),
                 entry.describe(inj)
             );
-            for edit in edits {
-                let _ = writeln!(out, "  + {}", edit_line(edit));
+            for change in changes {
+                let _ = writeln!(out, "  + {change}");
             }
             if doc.namespace_guessed {
                 let _ = writeln!(
@@ -87,35 +86,4 @@ fn describe(inj: &Injector, doc: &Doc, out: &mut String) {
             Ok(())
         }
     };
-}
-
-fn edit_line(edit: &Edit) -> String {
-    let image = |c: &k8s_openapi::api::core::v1::Container| c.image.clone().unwrap_or_default();
-    match edit {
-        Edit::PrependInitContainers(cs) => cs
-            .iter()
-            .map(|c| {
-                let native = c.restart_policy.as_deref() == Some("Always");
-                format!(
-                    "init container {} ({}){}, before the pod's own init containers",
-                    c.name,
-                    image(c),
-                    if native { " as a native sidecar" } else { "" }
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n  + "),
-        Edit::AppendContainer(c) => format!("container {} ({})", c.name, image(c)),
-        Edit::AddVolume(v) => format!("volume {}", v.name),
-        Edit::AddImagePullSecret(s) => format!("image pull secret {}", s.name),
-        Edit::AddVolumeMount { container, mount } => {
-            format!(
-                "mount {} at {} in container #{container}",
-                mount.name, mount.mount_path
-            )
-        }
-        Edit::AddEnv { container, env } => format!("env {} in container #{container}", env.name),
-        Edit::SetLabel { key, value } => format!("label {key}={value}"),
-        Edit::SetAnnotation { key, value } => format!("annotation {key}={value}"),
-    }
 }

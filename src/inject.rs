@@ -6,17 +6,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use json_patch::{AddOperation, Patch, PatchOperation};
-use jsonptr::PointerBuf;
-use k8s_openapi::api::core::v1::{
-    Container, EnvVar, LocalObjectReference, Pod, PodSpec, Volume, VolumeMount,
-};
+use k8s_openapi::api::core::v1::{Container, EnvVar, LocalObjectReference, Pod, Volume, VolumeMount};
+use serde_json::value::RawValue;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::config::{Injector, NAMESPACE_ENABLED};
 use crate::overrides::BadValue;
 use crate::template::{Fragment, Owner, PodContext, TemplateError};
+use crate::view::{ContainerView, PodView, SpecView, Str, StrMap, VolumeView};
 
 /// Why an opted-in pod was not injected.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,11 +159,14 @@ pub enum InjectError {
     },
     #[error(transparent)]
     Template(#[from] TemplateError),
+    /// A field the injector reads has a value k8s-openapi would not accept.
+    #[error("the pod cannot be read: {0}")]
+    Unread(#[from] serde_json::Error),
 }
 
 /// The pod fields the decision reads, with the request's namespace filled in.
 pub struct PodFacts<'a> {
-    pub pod: &'a Pod,
+    pub pod: &'a PodView<'a>,
     pub namespace: &'a str,
     /// The webhook entry that sent the pod (from the path the API server called).
     pub entry: Entry,
@@ -178,16 +179,39 @@ pub struct PodFacts<'a> {
     pub workload: Option<Owner>,
 }
 
-static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+/// Appends tagged, length-prefixed fields: two keys are equal only if they hold the same
+/// fields with the same bytes.
+struct Key(Vec<u8>);
+
+impl Key {
+    fn field(&mut self, tag: u8, bytes: &[u8]) {
+        self.0.push(tag);
+        self.0.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        self.0.extend_from_slice(bytes);
+    }
+
+    fn raw(&mut self, tag: u8, raw: Option<&RawValue>) {
+        if let Some(raw) = raw {
+            self.field(tag, raw.get().as_bytes());
+        }
+    }
+
+    fn text(&mut self, tag: u8, text: Option<&Str<'_>>) {
+        if let Some(text) = text {
+            self.field(tag, text.as_bytes());
+        }
+    }
+}
 
 impl<'a> PodFacts<'a> {
     /// `request_namespace` is used when the object carries none (pods created in a namespace
     /// through the API often have `metadata.namespace` unset at admission).
-    pub fn new(pod: &'a Pod, request_namespace: Option<&'a str>) -> Self {
+    pub fn new(pod: &'a PodView<'a>, request_namespace: Option<&'a str>) -> Self {
         let namespace = pod
-            .metadata
+            .meta()
             .namespace
-            .as_deref()
+            .as_ref()
+            .map(|ns| ns.as_str())
             .filter(|ns| !ns.is_empty())
             .or(request_namespace)
             .unwrap_or("default");
@@ -206,19 +230,152 @@ impl<'a> PodFacts<'a> {
         self
     }
 
-    fn labels(&self) -> &'a BTreeMap<String, String> {
-        self.pod.metadata.labels.as_ref().unwrap_or(&EMPTY)
+    fn labels(&self) -> &'a StrMap<'a> {
+        self.pod.labels()
     }
 
-    fn annotations(&self) -> &'a BTreeMap<String, String> {
-        self.pod.metadata.annotations.as_ref().unwrap_or(&EMPTY)
+    fn annotations(&self) -> &'a StrMap<'a> {
+        self.pod.annotations()
     }
 
     /// The status annotation, when it parses.
     fn status(&self, inj: &Injector) -> Option<Status> {
-        self.annotations()
-            .get(&inj.config.status_annotation)
+        self.pod
+            .annotation(&inj.config.status_annotation)
             .and_then(|v| serde_json::from_str::<Status>(v).ok())
+    }
+
+    /// The name templates see: empty under `generateName`. The API server names a
+    /// generateName pod after mutating admission: the mutator sees no name and the validator
+    /// sees the generated one. Both render with no name so that they agree.
+    fn context_name(&self) -> &'a str {
+        match self.pod.generate_name() {
+            "" => self.pod.name(),
+            _ => "",
+        }
+    }
+
+    fn context_labels(&self, inj: &Injector) -> impl Iterator<Item = (&'a str, &'a str)> {
+        let owned = &inj.templates.owned().labels;
+        self.labels()
+            .iter()
+            .filter(move |(k, _)| !owned.contains(k.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    fn context_annotations<'s>(
+        &self,
+        inj: &'s Injector,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> + use<'a, 's> {
+        let owned = &inj.templates.owned().annotations;
+        let status = inj.config.status_annotation.as_str();
+        self.annotations()
+            .iter()
+            .filter(move |(k, _)| !owned.contains(k.as_str()) && k.as_str() != status)
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    fn service_account(&self) -> &'a str {
+        self.pod
+            .spec
+            .as_ref()
+            .map(|s| s.service_account_name())
+            .filter(|s| !s.is_empty())
+            .unwrap_or("default")
+    }
+
+    /// Which of the pod's own containers, init containers and volumes the template context
+    /// shows: not the sidecars or volumes of any template, not a ServiceAccount token volume
+    /// (its name is random), and with `only`, just those an earlier rendering saw.
+    fn seen(
+        &self,
+        inj: &Injector,
+        only: Option<&Seen>,
+    ) -> Result<Shown<'a>, serde_json::Error> {
+        let owned = inj.templates.owned();
+        let keep = |name: &str, listed: Option<&Vec<String>>| {
+            !owned.sidecars.contains(name) && listed.is_none_or(|l| l.iter().any(|n| n == name))
+        };
+        let mut shown = Shown::default();
+        shown.containers = self
+            .pod
+            .containers()
+            .iter()
+            .filter(|c| keep(&c.name, only.map(|o| &o.containers)))
+            .collect();
+        shown.init_containers = self
+            .pod
+            .init_containers()
+            .iter()
+            .filter(|c| keep(&c.name, only.map(|o| &o.init_containers)))
+            .collect();
+        for v in self.pod.spec.as_ref().map_or(&[][..], |s| s.volumes()) {
+            if !owned.volumes.contains(v.name.as_str())
+                && only.is_none_or(|o| o.volumes.iter().any(|n| *n == *v.name))
+                && !v.is_token_volume()?
+            {
+                shown.volumes.push(v);
+            }
+        }
+        Ok(shown)
+    }
+
+    /// The key of the template context (see [`Self::context`]) for the render cache, built
+    /// from the request's own bytes: equal keys, equal contexts.
+    fn context_key(&self, inj: &Injector, shown: &Shown<'a>) -> Vec<u8> {
+        let mut key = Key(Vec::with_capacity(1024));
+        key.0.push(b'V');
+        key.field(1, self.context_name().as_bytes());
+        key.field(2, self.pod.generate_name().as_bytes());
+        key.field(3, self.namespace.as_bytes());
+        for (k, v) in self.context_labels(inj) {
+            key.field(4, k.as_bytes());
+            key.field(5, v.as_bytes());
+        }
+        for (k, v) in self.context_annotations(inj) {
+            key.field(6, k.as_bytes());
+            key.field(7, v.as_bytes());
+        }
+        key.field(8, self.service_account().as_bytes());
+        let owner = self.owner();
+        key.field(9, owner.kind.as_bytes());
+        key.field(10, owner.name.as_bytes());
+        for (tag, list) in [(11, &shown.containers), (12, &shown.init_containers)] {
+            for c in list {
+                key.field(tag, c.name.as_bytes());
+                key.raw(13, c.image);
+                key.raw(14, c.command);
+                key.raw(15, c.args);
+                key.raw(16, c.working_dir);
+                key.raw(17, c.ports);
+            }
+        }
+        for v in &shown.volumes {
+            key.field(18, v.raw.get().as_bytes());
+        }
+        if let Some(spec) = &self.pod.spec {
+            for (k, v) in spec.node_selector.iter().flatten() {
+                key.field(19, k.as_bytes());
+                key.field(20, v.as_bytes());
+            }
+            if spec.node_selector.is_some() {
+                key.field(21, b"");
+            }
+            key.raw(22, spec.security_context);
+            if let Some(host) = spec.host_network {
+                key.field(23, &[u8::from(host)]);
+            }
+            key.raw(24, spec.os);
+            key.text(25, spec.priority_class_name.as_ref());
+            key.text(26, spec.runtime_class_name.as_ref());
+            key.text(27, spec.restart_policy.as_ref());
+            if let Some(share) = spec.share_process_namespace {
+                key.field(28, &[u8::from(share)]);
+            }
+            key.text(29, spec.hostname.as_ref());
+            key.text(30, spec.subdomain.as_ref());
+        }
+        key.0
     }
 
     /// The template context: a projection of the pod that reads the same in the mutating and
@@ -235,51 +392,26 @@ impl<'a> PodFacts<'a> {
     /// - With `only` (from the status annotation of an earlier rendering), just the containers
     ///   and volumes that rendering saw: what another webhook or plugin added after it is not
     ///   part of the context.
-    fn context(&self, inj: &Injector, only: Option<&Seen>) -> (PodContext<'a>, Seen) {
-        let meta = &self.pod.metadata;
-        let generate_name = meta.generate_name.as_deref().unwrap_or("");
-        // The API server names a generateName pod after mutating admission: the mutator sees no
-        // name and the validator sees the generated one. Render both with no name so they agree.
-        let name = if generate_name.is_empty() {
-            meta.name.as_deref().unwrap_or("")
-        } else {
-            ""
-        };
-        let owned = inj.templates.owned();
-        let labels = self
-            .labels()
-            .iter()
-            .filter(|(k, _)| !owned.labels.contains(*k))
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let annotations = self
-            .annotations()
-            .iter()
-            .filter(|(k, _)| !owned.annotations.contains(*k) && **k != inj.config.status_annotation)
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        let spec = self.pod.spec.as_ref();
-        let (spec_value, seen) = match spec {
-            Some(spec) => project_spec(spec, owned, only),
-            None => (
-                serde_json::Value::Object(Default::default()),
-                Seen::default(),
-            ),
-        };
-        let ctx = PodContext {
-            name,
-            generate_name,
+    ///
+    /// Fields are read as k8s-openapi types, so a value of the wrong type is an error here.
+    fn context(
+        &self,
+        inj: &Injector,
+        shown: &Shown<'a>,
+    ) -> Result<PodContext<'a>, serde_json::Error> {
+        Ok(PodContext {
+            name: self.context_name(),
+            generate_name: self.pod.generate_name(),
             namespace: self.namespace,
-            labels,
-            annotations,
-            service_account: spec
-                .and_then(|s| s.service_account_name.as_deref())
-                .filter(|s| !s.is_empty())
-                .unwrap_or("default"),
-            spec: spec_value,
+            labels: self.context_labels(inj).collect(),
+            annotations: self.context_annotations(inj).collect(),
+            service_account: self.service_account(),
+            spec: match &self.pod.spec {
+                Some(spec) => project_spec(spec, shown)?,
+                None => serde_json::Value::Object(Default::default()),
+            },
             owner: self.owner(),
-        };
-        (ctx, seen)
+        })
     }
 
     /// The controlling workload: the controller owner reference, with a ReplicaSet named
@@ -290,7 +422,7 @@ impl<'a> PodFacts<'a> {
         }
         let Some(owner) = self
             .pod
-            .metadata
+            .meta()
             .owner_references
             .iter()
             .flatten()
@@ -298,12 +430,12 @@ impl<'a> PodFacts<'a> {
         else {
             return Owner::default();
         };
-        if owner.kind == "ReplicaSet" && owner.api_version.starts_with("apps/") {
+        if owner.kind() == "ReplicaSet" && owner.api_version().starts_with("apps/") {
             let deployment = self
                 .labels()
                 .get("pod-template-hash")
                 .filter(|h| !h.is_empty())
-                .and_then(|hash| owner.name.strip_suffix(hash.as_str()))
+                .and_then(|hash| owner.name().strip_suffix(hash.as_str()))
                 .and_then(|n| n.strip_suffix('-'))
                 .filter(|n| !n.is_empty());
             if let Some(name) = deployment {
@@ -314,126 +446,112 @@ impl<'a> PodFacts<'a> {
             }
         }
         Owner {
-            kind: owner.kind.clone(),
-            name: owner.name.clone(),
+            kind: owner.kind().to_owned(),
+            name: owner.name().to_owned(),
         }
     }
 
-    fn is_windows(&self) -> bool {
+    fn is_windows(&self) -> Result<bool, serde_json::Error> {
         let Some(spec) = self.pod.spec.as_ref() else {
-            return false;
+            return Ok(false);
         };
-        spec.os.as_ref().is_some_and(|os| os.name == "windows")
+        Ok(spec.os_name()?.is_some_and(|os| os == "windows")
             || spec
                 .node_selector
                 .as_ref()
                 .and_then(|s| s.get("kubernetes.io/os"))
-                .is_some_and(|os| os == "windows")
+                .is_some_and(|os| os.as_str() == "windows"))
     }
 }
 
-/// A ServiceAccount token volume as the ServiceAccount admission plugin adds it: its name is
-/// random per pod, so it is never part of the template context.
-fn is_token_volume(v: &Volume) -> bool {
-    v.name.starts_with("kube-api-access-")
-        && v.projected.as_ref().is_some_and(|p| {
-            p.sources
-                .iter()
-                .flatten()
-                .any(|s| s.service_account_token.is_some())
-        })
+/// The pod's own containers, init containers and volumes a template context shows.
+#[derive(Default)]
+struct Shown<'a> {
+    containers: Vec<&'a ContainerView<'a>>,
+    init_containers: Vec<&'a ContainerView<'a>>,
+    volumes: Vec<&'a VolumeView<'a>>,
 }
 
-/// The spec as templates see it (see [`PodFacts::context`]) and the names it was built from.
-fn project_spec(
-    spec: &PodSpec,
-    owned: &crate::template::Owned,
-    only: Option<&Seen>,
-) -> (serde_json::Value, Seen) {
+impl Shown<'_> {
+    fn names(&self) -> Seen {
+        Seen {
+            containers: self.containers.iter().map(|c| c.name.to_string()).collect(),
+            init_containers: self
+                .init_containers
+                .iter()
+                .map(|c| c.name.to_string())
+                .collect(),
+            volumes: self.volumes.iter().map(|v| v.name.to_string()).collect(),
+        }
+    }
+}
+
+/// Reads a field the typed way (k8s-openapi), as JSON for the template context.
+fn typed<T: serde::de::DeserializeOwned + Serialize>(
+    raw: &RawValue,
+) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::to_value(serde_json::from_str::<T>(raw.get())?)
+}
+
+/// The spec as templates see it (see [`PodFacts::context`]).
+fn project_spec(spec: &SpecView<'_>, shown: &Shown<'_>) -> Result<serde_json::Value, serde_json::Error> {
+    use k8s_openapi::api::core::v1::{ContainerPort, PodOS, PodSecurityContext};
     use serde_json::{Map, Value};
-    let mut seen = Seen::default();
     let mut out = Map::new();
-    let keep = |name: &str, listed: Option<&Vec<String>>| {
-        !owned.sidecars.contains(name) && listed.is_none_or(|l| l.iter().any(|n| n == name))
-    };
-    let project = |c: &Container| {
+    let project = |c: &ContainerView<'_>| -> Result<Value, serde_json::Error> {
         let mut m = Map::new();
-        m.insert("name".into(), c.name.clone().into());
-        if let Some(image) = &c.image {
-            m.insert("image".into(), image.clone().into());
+        m.insert("name".into(), c.name.as_str().into());
+        if let Some(image) = c.image {
+            m.insert("image".into(), typed::<String>(image)?);
         }
-        if let Some(command) = &c.command {
-            m.insert("command".into(), json(command));
+        if let Some(command) = c.command {
+            m.insert("command".into(), typed::<Vec<String>>(command)?);
         }
-        if let Some(args) = &c.args {
-            m.insert("args".into(), json(args));
+        if let Some(args) = c.args {
+            m.insert("args".into(), typed::<Vec<String>>(args)?);
         }
-        if let Some(dir) = &c.working_dir {
-            m.insert("workingDir".into(), dir.clone().into());
+        if let Some(dir) = c.working_dir {
+            m.insert("workingDir".into(), typed::<String>(dir)?);
         }
-        if let Some(ports) = &c.ports {
-            m.insert("ports".into(), json(ports));
+        if let Some(ports) = c.ports {
+            m.insert("ports".into(), typed::<Vec<ContainerPort>>(ports)?);
         }
-        Value::Object(m)
+        Ok(Value::Object(m))
     };
-    let containers: Vec<Value> = spec
-        .containers
-        .iter()
-        .filter(|c| keep(&c.name, only.map(|o| &o.containers)))
-        .inspect(|c| seen.containers.push(c.name.clone()))
-        .map(project)
-        .collect();
+    let containers = shown.containers.iter().map(|c| project(c)).collect::<Result<_, _>>()?;
     out.insert("containers".into(), Value::Array(containers));
-    let init: Vec<Value> = spec
-        .init_containers
-        .iter()
-        .flatten()
-        .filter(|c| keep(&c.name, only.map(|o| &o.init_containers)))
-        .inspect(|c| seen.init_containers.push(c.name.clone()))
-        .map(project)
-        .collect();
+    let init = shown.init_containers.iter().map(|c| project(c)).collect::<Result<_, _>>()?;
     out.insert("initContainers".into(), Value::Array(init));
-    let volumes: Vec<Value> = spec
-        .volumes
-        .iter()
-        .flatten()
-        .filter(|v| {
-            !owned.volumes.contains(&v.name)
-                && !is_token_volume(v)
-                && only.is_none_or(|o| o.volumes.contains(&v.name))
-        })
-        .inspect(|v| seen.volumes.push(v.name.clone()))
-        .map(json)
-        .collect();
+    let volumes = shown.volumes.iter().map(|v| typed::<Volume>(v.raw)).collect::<Result<_, _>>()?;
     out.insert("volumes".into(), Value::Array(volumes));
-    let mut field = |key: &str, value: Option<Value>| {
+    let text = |s: &Option<Str<'_>>| s.as_ref().map(|s| Value::from(s.as_str()));
+    let fields = [
+        (
+            "nodeSelector",
+            spec.node_selector.as_ref().map(|m| {
+                Value::Object(
+                    m.iter()
+                        .map(|(k, v)| (k.to_string(), Value::from(v.as_str())))
+                        .collect(),
+                )
+            }),
+        ),
+        ("securityContext", spec.security_context.map(typed::<PodSecurityContext>).transpose()?),
+        ("hostNetwork", spec.host_network.map(Value::from)),
+        ("os", spec.os.map(typed::<PodOS>).transpose()?),
+        ("priorityClassName", text(&spec.priority_class_name)),
+        ("runtimeClassName", text(&spec.runtime_class_name)),
+        ("restartPolicy", text(&spec.restart_policy)),
+        ("shareProcessNamespace", spec.share_process_namespace.map(Value::from)),
+        ("hostname", text(&spec.hostname)),
+        ("subdomain", text(&spec.subdomain)),
+    ];
+    for (key, value) in fields {
         if let Some(value) = value {
             out.insert(key.into(), value);
         }
-    };
-    field("nodeSelector", spec.node_selector.as_ref().map(json));
-    field("securityContext", spec.security_context.as_ref().map(json));
-    field("hostNetwork", spec.host_network.map(Value::from));
-    field("os", spec.os.as_ref().map(json));
-    field(
-        "priorityClassName",
-        spec.priority_class_name.clone().map(Value::from),
-    );
-    field(
-        "runtimeClassName",
-        spec.runtime_class_name.clone().map(Value::from),
-    );
-    field(
-        "restartPolicy",
-        spec.restart_policy.clone().map(Value::from),
-    );
-    field(
-        "shareProcessNamespace",
-        spec.share_process_namespace.map(Value::from),
-    );
-    field("hostname", spec.hostname.clone().map(Value::from));
-    field("subdomain", spec.subdomain.clone().map(Value::from));
-    (Value::Object(out), seen)
+    }
+    Ok(Value::Object(out))
 }
 
 fn revision_name(revision: &str) -> String {
@@ -446,7 +564,7 @@ fn revision_name(revision: &str) -> String {
 /// Which rule opts the pod in, or why none does (in words, for `explain`).
 pub fn opt_in(inj: &Injector, facts: &PodFacts<'_>) -> Result<Entry, String> {
     let cfg = &inj.config;
-    let label = facts.labels().get(&cfg.inject_label).map(String::as_str);
+    let label = facts.pod.label(&cfg.inject_label);
     let entry = match facts.namespace_labels {
         None => facts.entry,
         Some(ns) if ns.get(&cfg.inject_label).map(String::as_str) == Some(NAMESPACE_ENABLED) => {
@@ -479,10 +597,7 @@ pub fn opt_in(inj: &Injector, facts: &PodFacts<'_>) -> Result<Entry, String> {
                     cfg.inject_label
                 ));
             }
-            let revision = facts
-                .labels()
-                .get(&cfg.revision_label)
-                .map_or("", String::as_str);
+            let revision = facts.pod.label(&cfg.revision_label).unwrap_or("");
             if revision != cfg.revision {
                 return Err(format!(
                     "it asks for {} ({}), and this injector is {}",
@@ -532,12 +647,16 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
             })?;
         overrides.push(values);
     }
-    let windows = cfg.skip.windows && facts.is_windows();
-    let render = |ctx: &PodContext<'_>| -> Result<(Vec<Rendered>, Vec<String>), InjectError> {
+    let windows = cfg.skip.windows && facts.is_windows()?;
+    let render = |only: Option<&Seen>| -> Result<(Vec<Rendered>, Vec<String>, Seen), InjectError> {
+        let shown = facts.seen(inj, only)?;
+        let key = facts.context_key(inj, &shown);
         let mut templates = Vec::with_capacity(names.len());
         let mut notes = Vec::new();
         for (name, overrides) in names.iter().zip(&overrides) {
-            let fragment = inj.templates.render(name, ctx, overrides)?;
+            let fragment = inj.templates.render_with(name, &key, overrides, || {
+                facts.context(inj, &shown).map_err(InjectError::Unread)
+            })?;
             if windows && !fragment.supports_windows {
                 notes.push(format!(
                     "template {name:?} was not injected: it does not support Windows pods"
@@ -549,19 +668,19 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
                 fragment,
             });
         }
-        Ok((templates, notes))
+        Ok((templates, notes, shown.names()))
     };
     // An earlier rendering (the mutator's, seen again by a reinvocation or the validator) is
     // repeated from what it saw, so that what was added to the pod since does not change it.
     // Its status is trusted only if that reproduces it exactly.
-    let previous = facts.status(inj).filter(|p| p.revision == cfg.revision);
+    let previous = facts.status(inj);
     let mut again = None;
     if let Some((previous, context)) = previous
         .as_ref()
+        .filter(|p| p.revision == cfg.revision)
         .and_then(|p| Some((p, p.context.as_ref()?)))
     {
-        let (ctx, seen) = facts.context(inj, Some(context));
-        let (templates, notes) = render(&ctx)?;
+        let (templates, notes, seen) = render(Some(context))?;
         let same = fragment_hash(&templates) == previous.hash
             && templates
                 .iter()
@@ -573,17 +692,13 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     }
     let (templates, mut notes, seen) = match again {
         Some(again) => again,
-        None => {
-            let (ctx, seen) = facts.context(inj, None);
-            let (templates, notes) = render(&ctx)?;
-            (templates, notes, seen)
-        }
+        None => render(None)?,
     };
     if templates.is_empty() && windows {
         return Ok(Decision::Skip(SkipReason::Windows));
     }
     let hash = fragment_hash(&templates);
-    let kept = kept_containers(inj, facts, &templates, &hash, &mut notes);
+    let kept = kept_containers(facts, previous.as_ref(), &templates, &hash, &mut notes);
     let status = serde_json::to_string(&Status {
         templates: templates.iter().map(|t| t.name.clone()).collect(),
         hash,
@@ -603,7 +718,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
 /// The template names a pod asks for: its annotation, else the configured default.
 fn selected_templates(inj: &Injector, facts: &PodFacts<'_>) -> Result<Vec<String>, InjectError> {
     let cfg = &inj.config;
-    let Some(list) = facts.annotations().get(&cfg.templates_annotation) else {
+    let Some(list) = facts.pod.annotation(&cfg.templates_annotation) else {
         return Ok(cfg.default_templates.clone());
     };
     let mut names: Vec<String> = Vec::new();
@@ -627,43 +742,37 @@ fn selected_templates(inj: &Injector, facts: &PodFacts<'_>) -> Result<Vec<String
 /// A status is trusted only if it describes exactly this rendering (same templates, same hash);
 /// any other status (stale, copied, hand-written) is ignored and what exists now is kept.
 fn kept_containers(
-    inj: &Injector,
     facts: &PodFacts<'_>,
+    previous: Option<&Status>,
     templates: &[Rendered],
     hash: &str,
     notes: &mut Vec<String>,
 ) -> Vec<String> {
-    let names: Vec<&str> = templates.iter().map(|t| t.name.as_str()).collect();
-    let previous = facts
-        .annotations()
-        .get(&inj.config.status_annotation)
-        .and_then(|v| serde_json::from_str::<Status>(v).ok())
-        .filter(|p| p.hash == hash && p.templates == names)
-        .unwrap_or(Status {
-            templates: Vec::new(),
-            hash: String::new(),
-            kept: Vec::new(),
-            revision: String::new(),
-            context: None,
-        });
-    let spec = facts.pod.spec.as_ref();
-    let existing: BTreeSet<&str> = spec
-        .map(|s| {
-            s.containers
-                .iter()
-                .chain(s.init_containers.iter().flatten())
-                .map(|c| c.name.as_str())
-                .collect()
-        })
-        .unwrap_or_default();
+    let previous = previous.filter(|p| {
+        p.hash == hash
+            && p.templates.len() == templates.len()
+            && p.templates.iter().zip(templates).all(|(p, t)| *p == t.name)
+    });
+    let (before, kept_before): (&[String], &[String]) = match previous {
+        Some(p) => (&p.templates, &p.kept),
+        None => (&[], &[]),
+    };
+    let existing = |name: &str| {
+        facts
+            .pod
+            .containers()
+            .iter()
+            .chain(facts.pod.init_containers())
+            .any(|c| c.name.as_str() == name)
+    };
     let mut kept = Vec::new();
     for t in templates {
-        let injected_before = previous.templates.contains(&t.name);
+        let injected_before = before.contains(&t.name);
         for name in t.fragment.sidecar_names() {
             let keep = if injected_before {
-                previous.kept.iter().any(|k| k == name)
+                kept_before.iter().any(|k| k == name)
             } else {
-                existing.contains(name)
+                existing(name)
             };
             if keep {
                 if !injected_before {
@@ -687,54 +796,73 @@ fn fragment_hash(templates: &[Rendered]) -> String {
         hasher.update([0]);
         hasher.update(t.fragment.digest);
     }
-    hasher
-        .finalize()
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let mut out = String::with_capacity(16);
+    for b in &hasher.finalize()[..8] {
+        use std::fmt::Write as _;
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 // === Edits ===
 
-/// One change to a pod. Indices refer to `spec.containers` of the pod as it arrived.
-// A handful of edits live for one request; boxing the container would buy nothing.
-#[allow(clippy::large_enum_variant)]
+/// An item of a rendered fragment: the typed value and its JSON.
+#[derive(Debug, PartialEq)]
+pub struct Part<'p, T> {
+    pub value: &'p T,
+    pub json: &'p str,
+}
+
+impl<T> Clone for Part<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Part<'_, T> {}
+
+fn parts<'p, T>(values: &'p [T], json: &'p [String]) -> impl Iterator<Item = Part<'p, T>> {
+    values
+        .iter()
+        .zip(json)
+        .map(|(value, json)| Part { value, json })
+}
+
+/// One change to a pod. Indices refer to `spec.containers` of the pod as it arrived. Edits
+/// borrow from the [`Plan`] (and the configuration) they were planned from.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Edit {
+pub enum Edit<'p> {
     /// Init containers placed, in this order, before the pod's own.
-    PrependInitContainers(Vec<Container>),
-    AppendContainer(Container),
-    AddVolume(Volume),
-    AddImagePullSecret(LocalObjectReference),
+    PrependInitContainers(Vec<Part<'p, Container>>),
+    AppendContainer(Part<'p, Container>),
+    AddVolume(Part<'p, Volume>),
+    AddImagePullSecret(Part<'p, LocalObjectReference>),
     AddVolumeMount {
         container: usize,
-        mount: VolumeMount,
+        mount: Part<'p, VolumeMount>,
     },
     AddEnv {
         container: usize,
-        env: EnvVar,
+        env: Part<'p, EnvVar>,
     },
     SetLabel {
-        key: String,
-        value: String,
+        key: &'p str,
+        value: &'p str,
     },
     SetAnnotation {
-        key: String,
-        value: String,
+        key: &'p str,
+        value: &'p str,
     },
 }
 
 /// The edits that take `pod` to its injected state: only what is missing. Applying the
 /// edits and planning again yields no edits (the fixed point).
-pub fn plan_edits(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<Edit> {
-    let empty_spec = Default::default();
-    let spec = pod.spec.as_ref().unwrap_or(&empty_spec);
-    let init = spec.init_containers.as_deref().unwrap_or_default();
-    let mut taken: BTreeSet<&str> = spec
-        .containers
+pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> Vec<Edit<'p>> {
+    let spec = pod.spec.as_ref();
+    let mut taken: BTreeSet<&str> = pod
+        .containers()
         .iter()
-        .chain(init)
+        .chain(pod.init_containers())
         .map(|c| c.name.as_str())
         .collect();
     let sidecars: BTreeSet<&str> = plan
@@ -743,30 +871,31 @@ pub fn plan_edits(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<Edit> {
         .flat_map(|t| t.fragment.sidecar_names())
         .collect();
     let mut volumes: BTreeSet<&str> = spec
-        .volumes
+        .map(|s| s.volumes())
+        .unwrap_or_default()
         .iter()
-        .flatten()
         .map(|v| v.name.as_str())
         .collect();
     let mut secrets: BTreeSet<&str> = spec
-        .image_pull_secrets
+        .map(|s| s.image_pull_secrets())
+        .unwrap_or_default()
         .iter()
-        .flatten()
-        .map(|s| s.name.as_str())
+        .map(|s| s.name())
         .collect();
 
     let mut edits = Vec::new();
     let mut new_init = Vec::new();
     let mut appended = Vec::new();
     for t in &plan.templates {
-        for c in &t.fragment.init_containers {
-            if taken.insert(&c.name) {
-                new_init.push(c.clone());
+        let f = &*t.fragment;
+        for c in parts(&f.init_containers, &f.json.init_containers) {
+            if taken.insert(&c.value.name) {
+                new_init.push(c);
             }
         }
-        for c in &t.fragment.containers {
-            if taken.insert(&c.name) {
-                appended.push(Edit::AppendContainer(c.clone()));
+        for c in parts(&f.containers, &f.json.containers) {
+            if taken.insert(&c.value.name) {
+                appended.push(Edit::AppendContainer(c));
             }
         }
     }
@@ -775,163 +904,268 @@ pub fn plan_edits(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<Edit> {
     }
     edits.extend(appended);
     for t in &plan.templates {
-        for v in &t.fragment.volumes {
-            if volumes.insert(&v.name) {
-                edits.push(Edit::AddVolume(v.clone()));
+        let f = &*t.fragment;
+        for v in parts(&f.volumes, &f.json.volumes) {
+            if volumes.insert(&v.value.name) {
+                edits.push(Edit::AddVolume(v));
             }
         }
-        for s in &t.fragment.image_pull_secrets {
-            if secrets.insert(&s.name) {
-                edits.push(Edit::AddImagePullSecret(s.clone()));
+        for s in parts(&f.image_pull_secrets, &f.json.image_pull_secrets) {
+            if secrets.insert(&s.value.name) {
+                edits.push(Edit::AddImagePullSecret(s));
             }
         }
     }
 
     // Mounts and env reach every application container present now, including containers
     // another webhook added after us, so that reinvocation converges.
-    for (index, container) in spec.containers.iter().enumerate() {
+    for (index, container) in pod.containers().iter().enumerate() {
         if sidecars.contains(container.name.as_str()) {
             continue;
         }
         let mounts = container.volume_mounts.as_deref().unwrap_or_default();
-        let mut mount_names: BTreeSet<&str> = mounts.iter().map(|m| m.name.as_str()).collect();
-        let mut mount_paths: BTreeSet<&str> =
-            mounts.iter().map(|m| m.mount_path.as_str()).collect();
+        let mut mount_names: BTreeSet<&str> = mounts.iter().map(|m| m.name()).collect();
+        let mut mount_paths: BTreeSet<&str> = mounts.iter().map(|m| m.mount_path()).collect();
         let mut env_names: BTreeSet<&str> = container
             .env
             .iter()
             .flatten()
-            .map(|e| e.name.as_str())
+            .map(|e| e.name())
             .collect();
         for t in &plan.templates {
-            for m in &t.fragment.volume_mounts {
-                if !mount_names.contains(m.name.as_str())
-                    && !mount_paths.contains(m.mount_path.as_str())
+            let f = &*t.fragment;
+            for m in parts(&f.volume_mounts, &f.json.volume_mounts) {
+                if !mount_names.contains(m.value.name.as_str())
+                    && !mount_paths.contains(m.value.mount_path.as_str())
                 {
-                    mount_names.insert(&m.name);
-                    mount_paths.insert(&m.mount_path);
+                    mount_names.insert(&m.value.name);
+                    mount_paths.insert(&m.value.mount_path);
                     edits.push(Edit::AddVolumeMount {
                         container: index,
-                        mount: m.clone(),
+                        mount: m,
                     });
                 }
             }
-            for e in &t.fragment.env {
-                if env_names.insert(&e.name) {
+            for e in parts(&f.env, &f.json.env) {
+                if env_names.insert(&e.value.name) {
                     edits.push(Edit::AddEnv {
                         container: index,
-                        env: e.clone(),
+                        env: e,
                     });
                 }
             }
         }
     }
 
-    let labels = pod.metadata.labels.as_ref().unwrap_or(&EMPTY);
-    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&EMPTY);
+    let labels = pod.labels();
+    let annotations = pod.annotations();
+    let status_key = inj.config.status_annotation.as_str();
     let mut new_labels = BTreeSet::new();
     let mut new_annotations = BTreeSet::new();
     for t in &plan.templates {
         for (key, value) in &t.fragment.labels {
-            if !labels.contains_key(key) && new_labels.insert(key) {
-                edits.push(Edit::SetLabel {
-                    key: key.clone(),
-                    value: value.clone(),
-                });
+            if !labels.contains_key(key.as_str()) && new_labels.insert(key) {
+                edits.push(Edit::SetLabel { key, value });
             }
         }
         for (key, value) in &t.fragment.annotations {
-            if *key != inj.config.status_annotation
-                && !annotations.contains_key(key)
+            if key != status_key
+                && !annotations.contains_key(key.as_str())
                 && new_annotations.insert(key)
             {
-                edits.push(Edit::SetAnnotation {
-                    key: key.clone(),
-                    value: value.clone(),
-                });
+                edits.push(Edit::SetAnnotation { key, value });
             }
         }
     }
     // The status annotation is ours: it always describes the current injection.
-    if annotations.get(&inj.config.status_annotation) != Some(&plan.status) {
+    if pod.annotation(status_key) != Some(plan.status.as_str()) {
         edits.push(Edit::SetAnnotation {
-            key: inj.config.status_annotation.clone(),
-            value: plan.status.clone(),
+            key: status_key,
+            value: &plan.status,
         });
     }
     edits
 }
 
+impl Edit<'_> {
+    /// The edit in words, for `explain`.
+    pub fn describe(&self) -> String {
+        let image = |c: &k8s_openapi::api::core::v1::Container| c.image.clone().unwrap_or_default();
+        match self {
+            Edit::PrependInitContainers(cs) => cs
+                .iter()
+                .map(|c| {
+                    let native = c.value.restart_policy.as_deref() == Some("Always");
+                    format!(
+                        "init container {} ({}){}, before the pod's own init containers",
+                        c.value.name,
+                        image(c.value),
+                        if native { " as a native sidecar" } else { "" }
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n  + "),
+            Edit::AppendContainer(c) => format!("container {} ({})", c.value.name, image(c.value)),
+            Edit::AddVolume(v) => format!("volume {}", v.value.name),
+            Edit::AddImagePullSecret(s) => format!("image pull secret {}", s.value.name),
+            Edit::AddVolumeMount { container, mount } => {
+                format!(
+                    "mount {} at {} in container #{container}",
+                    mount.value.name, mount.value.mount_path
+                )
+            }
+            Edit::AddEnv { container, env } => format!("env {} in container #{container}", env.value.name),
+            Edit::SetLabel { key, value } => format!("label {key}={value}"),
+            Edit::SetAnnotation { key, value } => format!("annotation {key}={value}"),
+        }
+    }
+}
+
 /// Applies edits to a typed pod.
-pub fn apply(pod: &mut Pod, edits: &[Edit]) {
+pub fn apply(pod: &mut Pod, edits: &[Edit<'_>]) {
     for edit in edits {
         let spec = pod.spec.get_or_insert_with(Default::default);
         match edit {
             Edit::PrependInitContainers(cs) => {
                 let init = spec.init_containers.get_or_insert_with(Vec::new);
-                init.splice(0..0, cs.iter().cloned());
+                init.splice(0..0, cs.iter().map(|c| c.value.clone()));
             }
-            Edit::AppendContainer(c) => spec.containers.push(c.clone()),
-            Edit::AddVolume(v) => spec.volumes.get_or_insert_with(Vec::new).push(v.clone()),
+            Edit::AppendContainer(c) => spec.containers.push(c.value.clone()),
+            Edit::AddVolume(v) => spec
+                .volumes
+                .get_or_insert_with(Vec::new)
+                .push(v.value.clone()),
             Edit::AddImagePullSecret(s) => {
                 spec.image_pull_secrets
                     .get_or_insert_with(Vec::new)
-                    .push(s.clone());
+                    .push(s.value.clone());
             }
             Edit::AddVolumeMount { container, mount } => {
                 if let Some(c) = spec.containers.get_mut(*container) {
                     c.volume_mounts
                         .get_or_insert_with(Vec::new)
-                        .push(mount.clone());
+                        .push(mount.value.clone());
                 }
             }
             Edit::AddEnv { container, env } => {
                 if let Some(c) = spec.containers.get_mut(*container) {
-                    c.env.get_or_insert_with(Vec::new).push(env.clone());
+                    c.env.get_or_insert_with(Vec::new).push(env.value.clone());
                 }
             }
             Edit::SetLabel { key, value } => {
                 pod.metadata
                     .labels
                     .get_or_insert_with(Default::default)
-                    .insert(key.clone(), value.clone());
+                    .insert((*key).to_owned(), (*value).to_owned());
             }
             Edit::SetAnnotation { key, value } => {
                 pod.metadata
                     .annotations
                     .get_or_insert_with(Default::default)
-                    .insert(key.clone(), value.clone());
+                    .insert((*key).to_owned(), (*value).to_owned());
             }
         }
     }
 }
 
-/// Writes edits as a JSONPatch against the pod they were planned for. Pointers are built from
-/// tokens, so `~` and `/` in keys are escaped by construction; a missing array or map is created
-/// whole instead of appended to.
-pub fn to_patch(pod: &Pod, edits: &[Edit]) -> Patch {
-    let mut ops = Vec::with_capacity(edits.len());
-    let mut created: BTreeSet<PointerBuf> = BTreeSet::new();
+/// A JSONPatch written straight into bytes, one `add` operation at a time.
+struct PatchWriter {
+    out: Vec<u8>,
+}
+
+impl PatchWriter {
+    fn op(&mut self, path: &[&str], value: impl FnOnce(&mut Vec<u8>)) {
+        self.out
+            .push(if self.out.is_empty() { b'[' } else { b',' });
+        self.out.extend_from_slice(br#"{"op":"add","path":""#);
+        for token in path {
+            self.out.push(b'/');
+            // RFC 6901: `~` is written `~0` and `/` is written `~1`; then JSON string escaping.
+            if token.contains(['~', '/']) {
+                let escaped = token.replace('~', "~0").replace('/', "~1");
+                write_json_str_body(&mut self.out, &escaped);
+            } else {
+                write_json_str_body(&mut self.out, token);
+            }
+        }
+        self.out.extend_from_slice(br#"","value":"#);
+        value(&mut self.out);
+        self.out.push(b'}');
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        if self.out.is_empty() {
+            self.out.push(b'[');
+        }
+        self.out.push(b']');
+        self.out
+    }
+}
+
+/// A string's JSON escaping, without the quotes.
+fn write_json_str_body(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f) {
+        out.extend_from_slice(s.as_bytes());
+        return;
+    }
+    let mut quoted = Vec::with_capacity(s.len() + 2);
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut quoted, s);
+    out.extend_from_slice(&quoted[1..quoted.len().saturating_sub(1)]);
+}
+
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    write_json_str_body(out, s);
+    out.push(b'"');
+}
+
+/// Writes edits as a JSONPatch (its JSON bytes) against the pod they were planned for. Paths
+/// are written token by token, so `~` and `/` in keys are escaped by construction; a missing
+/// array or map is created whole instead of appended to. Values are the fragment's JSON,
+/// encoded when it was rendered.
+pub fn to_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
+    let mut w = PatchWriter {
+        out: Vec::with_capacity(4096),
+    };
     let spec = pod.spec.as_ref();
     let has_init = spec.is_some_and(|s| s.init_containers.is_some());
     let has_volumes = spec.is_some_and(|s| s.volumes.is_some());
     let has_secrets = spec.is_some_and(|s| s.image_pull_secrets.is_some());
-    let container = |i: usize| spec.and_then(|s| s.containers.get(i));
-    let has_labels = pod.metadata.labels.is_some();
-    let has_annotations = pod.metadata.annotations.is_some();
-
-    // Appends `value` to the array at `array`, creating the array if the pod had none.
-    let mut append = |ops: &mut Vec<PatchOperation>,
+    let container = |i: usize| pod.containers().get(i);
+    let meta = pod.metadata.as_ref();
+    let has_labels = meta.is_some_and(|m| m.labels.is_some());
+    let has_annotations = meta.is_some_and(|m| m.annotations.is_some());
+    // Arrays created by an earlier edit of this patch: appended to from then on.
+    let mut created: Vec<(&str, Option<usize>)> = Vec::new();
+    let mut append = |w: &mut PatchWriter,
                       exists: bool,
-                      array: PointerBuf,
-                      value: serde_json::Value| {
-        if exists || created.contains(&array) {
-            let mut path = array;
-            path.push_back("-");
-            ops.push(add(path, value));
+                      field: &'static str,
+                      container: Option<usize>,
+                      json: &str| {
+        let digits = container.map(|i| i.to_string());
+        let mut path = ["spec", "containers", "", field, "-"];
+        let path: &mut [&str] = match &digits {
+            Some(d) => {
+                path[2] = d;
+                &mut path[..]
+            }
+            None => {
+                path[1] = field;
+                &mut path[..3]
+            }
+        };
+        let last = path.len() - 1;
+        if exists || created.contains(&(field, container)) {
+            path[last] = "-";
+            w.op(path, |out| out.extend_from_slice(json.as_bytes()));
         } else {
-            created.insert(array.clone());
-            ops.push(add(array, serde_json::Value::Array(vec![value])));
+            created.push((field, container));
+            w.op(&path[..last], |out| {
+                out.push(b'[');
+                out.extend_from_slice(json.as_bytes());
+                out.push(b']');
+            });
         }
     };
     let mut map_created = (false, false);
@@ -939,67 +1173,48 @@ pub fn to_patch(pod: &Pod, edits: &[Edit]) -> Patch {
     for edit in edits {
         match edit {
             Edit::PrependInitContainers(cs) => {
-                let array = PointerBuf::from_tokens(["spec", "initContainers"]);
                 if has_init {
                     for (i, c) in cs.iter().enumerate() {
-                        let mut path = array.clone();
-                        path.push_back(i);
-                        ops.push(add(path, json(c)));
+                        let i = i.to_string();
+                        w.op(&["spec", "initContainers", &i], |out| {
+                            out.extend_from_slice(c.json.as_bytes())
+                        });
                     }
                 } else {
-                    ops.push(add(
-                        array,
-                        serde_json::Value::Array(cs.iter().map(json).collect()),
-                    ));
+                    w.op(&["spec", "initContainers"], |out| {
+                        out.push(b'[');
+                        for (i, c) in cs.iter().enumerate() {
+                            if i > 0 {
+                                out.push(b',');
+                            }
+                            out.extend_from_slice(c.json.as_bytes());
+                        }
+                        out.push(b']');
+                    });
                 }
             }
-            Edit::AppendContainer(c) => {
-                append(
-                    &mut ops,
-                    true,
-                    PointerBuf::from_tokens(["spec", "containers"]),
-                    json(c),
-                );
-            }
-            Edit::AddVolume(v) => {
-                append(
-                    &mut ops,
-                    has_volumes,
-                    PointerBuf::from_tokens(["spec", "volumes"]),
-                    json(v),
-                );
-            }
+            Edit::AppendContainer(c) => append(&mut w, true, "containers", None, c.json),
+            Edit::AddVolume(v) => append(&mut w, has_volumes, "volumes", None, v.json),
             Edit::AddImagePullSecret(s) => {
-                let array = PointerBuf::from_tokens(["spec", "imagePullSecrets"]);
-                append(&mut ops, has_secrets, array, json(s));
+                append(&mut w, has_secrets, "imagePullSecrets", None, s.json)
             }
             Edit::AddVolumeMount {
                 container: i,
                 mount,
             } => {
                 let exists = container(*i).is_some_and(|c| c.volume_mounts.is_some());
-                let array =
-                    PointerBuf::from_tokens(["spec", "containers", &i.to_string(), "volumeMounts"]);
-                append(&mut ops, exists, array, json(mount));
+                append(&mut w, exists, "volumeMounts", Some(*i), mount.json);
             }
             Edit::AddEnv { container: i, env } => {
                 let exists = container(*i).is_some_and(|c| c.env.is_some());
-                let array = PointerBuf::from_tokens(["spec", "containers", &i.to_string(), "env"]);
-                append(&mut ops, exists, array, json(env));
+                append(&mut w, exists, "env", Some(*i), env.json);
             }
             Edit::SetLabel { key, value } => {
-                set_entry(
-                    &mut ops,
-                    has_labels,
-                    &mut map_created.0,
-                    "labels",
-                    key,
-                    value,
-                );
+                set_entry(&mut w, has_labels, &mut map_created.0, "labels", key, value);
             }
             Edit::SetAnnotation { key, value } => {
                 set_entry(
-                    &mut ops,
+                    &mut w,
                     has_annotations,
                     &mut map_created.1,
                     "annotations",
@@ -1009,11 +1224,11 @@ pub fn to_patch(pod: &Pod, edits: &[Edit]) -> Patch {
             }
         }
     }
-    Patch(ops)
+    w.finish()
 }
 
 fn set_entry(
-    ops: &mut Vec<PatchOperation>,
+    w: &mut PatchWriter,
     exists: bool,
     created: &mut bool,
     map: &str,
@@ -1022,28 +1237,17 @@ fn set_entry(
 ) {
     if !exists && !*created {
         *created = true;
-        let mut object = serde_json::Map::new();
-        object.insert(key.to_owned(), value.into());
-        ops.push(add(
-            PointerBuf::from_tokens(["metadata", map]),
-            object.into(),
-        ));
+        w.op(&["metadata", map], |out| {
+            out.push(b'{');
+            json_str(out, key);
+            out.push(b':');
+            json_str(out, value);
+            out.push(b'}');
+        });
     } else {
         // `add` on an existing member replaces it, which is what the status annotation needs.
-        ops.push(add(
-            PointerBuf::from_tokens(["metadata", map, key]),
-            value.into(),
-        ));
+        w.op(&["metadata", map, key], |out| json_str(out, value));
     }
-}
-
-fn add(path: PointerBuf, value: serde_json::Value) -> PatchOperation {
-    PatchOperation::Add(AddOperation { path, value })
-}
-
-fn json<T: Serialize>(value: &T) -> serde_json::Value {
-    // k8s-openapi types always serialize; Null would only ever reach a test's eyes.
-    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
 }
 
 #[cfg(test)]
@@ -1052,6 +1256,12 @@ mod tests {
 
     fn injector() -> Injector {
         Injector::embedded(Some("sidecar-injector".into())).expect("embedded config loads")
+    }
+
+    fn decide_for(inj: &Injector, p: &Pod, namespace: Option<&str>) -> Result<Decision, InjectError> {
+        let json = crate::view::pod_json(p);
+        let view = PodView::parse(&json).expect("view");
+        decide(inj, &PodFacts::new(&view, namespace))
     }
 
     fn pod(json: serde_json::Value) -> Pod {
@@ -1072,7 +1282,7 @@ mod tests {
             let mut p = opted_in();
             p.metadata.labels =
                 Some([("sidecar-injector.io/inject".to_owned(), value.to_owned())].into());
-            let d = decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides");
+            let d = decide_for(&inj, &p, Some("default")).expect("decides");
             assert_eq!(d, Decision::NotOptedIn, "value {value:?}");
         }
     }
@@ -1147,7 +1357,9 @@ mod tests {
         ];
         for (pairs, entry, for_default, for_canary) in cases {
             let p = pod_with(pairs);
-            let facts = PodFacts::new(&p, Some("shop")).with_entry(entry);
+            let json = crate::view::pod_json(&p);
+            let view = PodView::parse(&json).expect("view");
+            let facts = PodFacts::new(&view, Some("shop")).with_entry(entry);
             assert_eq!(
                 opt_in(&default, &facts).ok(),
                 for_default,
@@ -1175,7 +1387,9 @@ mod tests {
         ]);
         let plain = labels(&[("team", "a")]);
         let decide_with = |inj: &Injector, ns: &BTreeMap<String, String>| {
-            let mut facts = PodFacts::new(&p, Some("shop"));
+            let json = crate::view::pod_json(&p);
+            let view = PodView::parse(&json).expect("view");
+            let mut facts = PodFacts::new(&view, Some("shop"));
             facts.namespace_labels = Some(ns);
             opt_in(inj, &facts)
         };
@@ -1198,7 +1412,7 @@ mod tests {
             "kube-node-lease",
             "sidecar-injector",
         ] {
-            let d = decide(&inj, &PodFacts::new(&p, Some(ns))).expect("decides");
+            let d = decide_for(&inj, &p, Some(ns)).expect("decides");
             assert_eq!(d, Decision::Skip(SkipReason::ExcludedNamespace(ns.into())));
         }
     }
@@ -1207,7 +1421,9 @@ mod tests {
     fn object_namespace_wins_over_request_namespace() {
         let mut p = opted_in();
         p.metadata.namespace = Some("kube-system".into());
-        let facts = PodFacts::new(&p, Some("default"));
+        let json = crate::view::pod_json(&p);
+        let view = PodView::parse(&json).expect("view");
+        let facts = PodFacts::new(&view, Some("default"));
         assert_eq!(facts.namespace, "kube-system");
     }
 
@@ -1219,7 +1435,7 @@ mod tests {
             s.host_network = Some(true);
         }
         assert_eq!(
-            decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides"),
+            decide_for(&inj, &p, Some("default")).expect("decides"),
             Decision::Skip(SkipReason::HostNetwork)
         );
         let mut p = opted_in();
@@ -1227,7 +1443,7 @@ mod tests {
             s.node_selector = Some([("kubernetes.io/os".into(), "windows".into())].into());
         }
         assert_eq!(
-            decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides"),
+            decide_for(&inj, &p, Some("default")).expect("decides"),
             Decision::Skip(SkipReason::Windows)
         );
     }
@@ -1238,7 +1454,7 @@ mod tests {
         let mut p = opted_in();
         p.metadata.annotations =
             Some([("sidecar-injector.io/templates".into(), "proxy, nope".into())].into());
-        let err = decide(&inj, &PodFacts::new(&p, Some("default"))).expect_err("unknown");
+        let err = decide_for(&inj, &p, Some("default")).expect_err("unknown");
         assert!(err.to_string().contains("\"nope\""), "{err}");
     }
 
@@ -1248,11 +1464,14 @@ mod tests {
         let mut p = opted_in();
         p.metadata.annotations = None;
         let Decision::Inject(plan) =
-            decide(&inj, &PodFacts::new(&p, Some("default"))).expect("decides")
+            decide_for(&inj, &p, Some("default")).expect("decides")
         else {
             unreachable!("opted-in pod is injected")
         };
-        let patch = serde_json::to_value(to_patch(&p, &plan_edits(&inj, &p, &plan))).expect("json");
+        let json = crate::view::pod_json(&p);
+        let view = PodView::parse(&json).expect("view");
+        let patch: serde_json::Value =
+            serde_json::from_slice(&to_patch(&view, &plan_edits(&inj, &view, &plan))).expect("json");
         let paths: Vec<&str> = patch
             .as_array()
             .into_iter()

@@ -18,3 +18,4 @@ pub mod review;
 pub mod server;
 pub mod template;
 pub mod validate;
+pub mod view;

@@ -14,6 +14,7 @@ use crate::inject::{
     Decision, Edit, Entry, InjectError, PodFacts, SkipReason, decide, opt_in, plan_edits, to_patch,
 };
 use crate::template::Owner;
+use crate::view::PodView;
 
 /// Where each kind keeps its pod template (JSON pointer tokens; empty: the object is a pod).
 pub fn pod_template_path(api_version: &str, kind: &str) -> Option<&'static [&'static str]> {
@@ -46,7 +47,8 @@ pub enum DocOutcome {
         /// The rule that opted it in.
         entry: Entry,
         templates: Vec<String>,
-        edits: Vec<Edit>,
+        /// What it gets, in words ([`crate::inject::Edit::describe`]).
+        changes: Vec<String>,
     },
     Failed(InjectError),
 }
@@ -275,7 +277,13 @@ fn process_one(
     })?;
     let own = Some(str_at(&value, "/metadata/namespace")).filter(|ns| !ns.is_empty());
     let namespace_guessed = own.is_none() && namespace.is_none();
-    let mut facts = PodFacts::new(&pod, own.or(namespace));
+    let pod_json = crate::view::pod_json(&pod);
+    let view = PodView::parse(&pod_json).map_err(|e| ManifestError::PodTemplate {
+        index,
+        id: id.clone(),
+        message: e.to_string(),
+    })?;
+    let mut facts = PodFacts::new(&view, own.or(namespace));
     facts.namespace_labels = namespaces
         .get(facts.namespace)
         .or(target.namespace_labels.as_ref());
@@ -287,6 +295,7 @@ fn process_one(
             name: str_at(&value, "/metadata/name").to_owned(),
         });
     }
+    let mut patch = None;
     let outcome = match decide(inj, &facts) {
         Err(error) => DocOutcome::Failed(error),
         Ok(Decision::NotOptedIn) => {
@@ -295,20 +304,21 @@ fn process_one(
         Ok(Decision::Skip(reason)) => DocOutcome::Skipped(reason),
         Ok(Decision::Inject(plan)) => {
             let templates = plan.templates.iter().map(|t| t.name.clone()).collect();
-            let edits = plan_edits(inj, &pod, &plan);
+            let edits = plan_edits(inj, &view, &plan);
             if edits.is_empty() {
                 DocOutcome::AlreadyInjected { templates }
             } else {
+                patch = Some(to_patch(&view, &edits));
                 DocOutcome::Injected {
                     entry: plan.entry,
                     templates,
-                    edits,
+                    changes: edits.iter().map(Edit::describe).collect(),
                 }
             }
         }
     };
-    let output = match &outcome {
-        DocOutcome::Injected { edits, .. } => {
+    let output = match patch {
+        Some(patch) => {
             let mut value = value.clone();
             let target =
                 value
@@ -318,16 +328,20 @@ fn process_one(
                         id: id.clone(),
                         message: "pod template vanished".into(),
                     })?;
-            json_patch::patch(target, &to_patch(&pod, edits)).map_err(|e| {
-                ManifestError::Patch {
+            let patch: json_patch::Patch =
+                serde_json::from_slice(&patch).map_err(|e| ManifestError::Patch {
                     index,
                     id: id.clone(),
                     message: e.to_string(),
-                }
+                })?;
+            json_patch::patch(target, &patch).map_err(|e| ManifestError::Patch {
+                index,
+                id: id.clone(),
+                message: e.to_string(),
             })?;
             Some(value)
         }
-        _ => None,
+        None => None,
     };
     Ok(Doc {
         source: source.to_owned(),

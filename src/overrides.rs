@@ -264,15 +264,19 @@ fn magnitude(kind: Kind, value: &str) -> Result<i128, &'static str> {
 
 /// Checks a pod's annotations against what a template declares: the values templates see
 /// (the pod's, or the defaults).
-pub fn resolve(
+pub fn resolve<K, V>(
     declared: &Declared,
-    annotations: &BTreeMap<String, String>,
-) -> Result<BTreeMap<String, serde_json::Value>, BadValue> {
+    annotations: &BTreeMap<K, V>,
+) -> Result<BTreeMap<String, serde_json::Value>, BadValue>
+where
+    K: std::borrow::Borrow<str> + Ord,
+    V: AsRef<str>,
+{
     declared
         .iter()
         .map(|(annotation, spec)| {
-            let value = match annotations.get(annotation) {
-                Some(v) => check(annotation, spec, v)?,
+            let value = match annotations.get(annotation.as_str()) {
+                Some(v) => check(annotation, spec, v.as_ref())?,
                 None => check(annotation, spec, &spec.default.to_string())?,
             };
             Ok((annotation.clone(), value))
@@ -344,7 +348,7 @@ mod tests {
     #[test]
     fn defaults_fill_in_and_are_checked_at_load() {
         let d = declared(SOURCE).expect("parses");
-        let values = resolve(&d, &BTreeMap::new()).expect("defaults");
+        let values = resolve(&d, &BTreeMap::<String, String>::new()).expect("defaults");
         assert_eq!(values["example.com/cpu"], "50m");
         assert_eq!(values["example.com/n"], 2);
         let bad = "{# overrides:\n  a: {type: string, allowed: [x], default: y}\n#}";

@@ -12,6 +12,7 @@ use crate::inject::{
     Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits, to_patch,
 };
 use crate::validate::{denial_message, findings, sidecars_changed};
+use crate::view::{PodView, ReviewView};
 
 /// Which webhook a review is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,7 +118,41 @@ pub fn answer(inj: &Injector, webhook: Webhook, body: &[u8]) -> Result<Answer, R
 }
 
 /// Answers one AdmissionReview body for `webhook`, sent by `entry`.
+///
+/// The body is read through the borrowed view ([`crate::view`]). A body the view cannot read
+/// (a repeated field, a value of the wrong type where the engine reads) takes the typed road:
+/// it is read as k8s-openapi types, refused if that fails too, and otherwise answered by the
+/// same engine from the typed objects' canonical JSON. Both roads give the same bytes.
 pub fn answer_for(
+    inj: &Injector,
+    webhook: Webhook,
+    entry: Entry,
+    body: &[u8],
+) -> Result<Answer, ReviewError> {
+    if let Ok(review) = serde_json::from_slice::<ReviewView<'_>>(body)
+        && VERSIONS.contains(&review.api_version.as_str())
+        && let Some(req) = &review.request
+    {
+        let r = Req {
+            api_version: &review.api_version,
+            uid: &req.uid,
+            kind: &req.kind,
+            sub_resource: req.sub_resource(),
+            name: req.name(),
+            namespace: req.namespace(),
+            operation: &req.operation,
+            object: req.object.as_ref(),
+            old_object: req.old_object.as_ref(),
+        };
+        if let Ok(answer) = respond(inj, webhook, entry, &r) {
+            return Ok(answer);
+        }
+    }
+    answer_typed(inj, webhook, entry, body)
+}
+
+/// The typed road (see [`answer_for`]). Public so that tests can hold the two roads equal.
+pub fn answer_typed(
     inj: &Injector,
     webhook: Webhook,
     entry: Entry,
@@ -131,25 +166,110 @@ pub fn answer_for(
         return Err(ReviewError::Version(review.types.api_version));
     }
     let req: AdmissionRequest<Pod> = review.try_into().map_err(|_| ReviewError::NoRequest)?;
-    let summary = Summary {
-        uid: req.uid.clone(),
-        namespace: req.namespace.clone().unwrap_or_default(),
-        name: pod_name(&req),
-        operation: format!("{:?}", req.operation).to_uppercase(),
+    let object = req.object.as_ref().map(crate::view::pod_json);
+    let old_object = req.old_object.as_ref().map(crate::view::pod_json);
+    let (object_view, old_view) = match (
+        object.as_deref().map(PodView::parse).transpose(),
+        old_object.as_deref().map(PodView::parse).transpose(),
+    ) {
+        (Ok(object), Ok(old)) => (object, old),
+        (Err(error), _) | (_, Err(error)) => return Ok(unreadable(&req, &error)),
     };
-    let (response, outcome, injected) = match webhook {
-        Webhook::Mutate => mutate(inj, entry, &req),
+    let r = Req {
+        api_version: &req.types.api_version,
+        uid: &req.uid,
+        kind: &req.kind,
+        sub_resource: req.sub_resource.as_deref().unwrap_or(""),
+        name: &req.name,
+        namespace: req.namespace.as_deref(),
+        operation: &req.operation,
+        object: object_view.as_ref(),
+        old_object: old_view.as_ref(),
+    };
+    match respond(inj, webhook, entry, &r) {
+        Ok(answer) => Ok(answer),
+        Err(error) => Ok(unreadable(&req, &error)),
+    }
+}
+
+/// A typed object whose canonical JSON the engine still cannot read: a bug, said as such.
+fn unreadable(req: &AdmissionRequest<Pod>, error: &serde_json::Error) -> Answer {
+    let response = deny(
+        base(&req.types.api_version, &req.uid),
+        500,
+        "InternalError",
+        format!("sidecar-injector cannot read the pod it was sent: {error}"),
+    );
+    Answer {
+        body: finish(response, None),
+        outcome: Outcome::Error,
+        summary: Summary {
+            uid: req.uid.clone(),
+            ..Summary::default()
+        },
+        injected: Vec::new(),
+    }
+}
+
+/// A request as the engine reads it, whichever road it came by.
+struct Req<'a> {
+    api_version: &'a str,
+    uid: &'a str,
+    kind: &'a kube::core::GroupVersionKind,
+    sub_resource: &'a str,
+    name: &'a str,
+    namespace: Option<&'a str>,
+    operation: &'a Operation,
+    object: Option<&'a PodView<'a>>,
+    old_object: Option<&'a PodView<'a>>,
+}
+
+/// The answer to a request; an error when a field the engine reads cannot be read as
+/// k8s-openapi would read it (the caller takes the typed road).
+fn respond(
+    inj: &Injector,
+    webhook: Webhook,
+    entry: Entry,
+    r: &Req<'_>,
+) -> Result<Answer, serde_json::Error> {
+    let summary = Summary {
+        uid: r.uid.to_owned(),
+        namespace: r.namespace.unwrap_or_default().to_owned(),
+        name: pod_name(r),
+        operation: operation_name(r.operation),
+    };
+    let (response, patch, outcome, injected) = match webhook {
+        Webhook::Mutate => mutate(inj, entry, r)?,
         Webhook::Validate => {
-            let (response, outcome) = validate(inj, entry, &req);
-            (response, outcome, Vec::new())
+            let (response, outcome) = validate(inj, entry, r)?;
+            (response, None, outcome, Vec::new())
         }
     };
     Ok(Answer {
-        body: encode(response),
+        body: finish(response, patch.as_deref()),
         outcome,
         summary,
         injected,
     })
+}
+
+fn operation_name(operation: &Operation) -> String {
+    match operation {
+        Operation::Create => "CREATE".into(),
+        Operation::Update => "UPDATE".into(),
+        Operation::Delete => "DELETE".into(),
+        Operation::Connect => "CONNECT".into(),
+    }
+}
+
+/// The response to a request before anything is decided: allowed, nothing to say.
+fn base(api_version: &str, uid: &str) -> AdmissionResponse {
+    let mut response = AdmissionResponse::invalid("");
+    response.types.api_version = api_version.to_owned();
+    response.uid = uid.to_owned();
+    response.allowed = true;
+    response.result = Status::default();
+    response
 }
 
 /// A body that does not parse as a review of a pod: answer with its uid when one can be read
@@ -221,27 +341,19 @@ fn refuse_unreadable(body: &[u8], error: &serde_json::Error) -> Result<Answer, R
     }
 }
 
-fn pod_name(req: &AdmissionRequest<Pod>) -> String {
-    let meta = req
-        .object
-        .as_ref()
-        .or(req.old_object.as_ref())
-        .map(|p| &p.metadata);
-    match meta {
-        _ if !req.name.is_empty() => req.name.clone(),
-        Some(m) => m
-            .name
-            .clone()
-            .or_else(|| m.generate_name.clone().map(|g| format!("{g}*")))
-            .unwrap_or_default(),
-        None => String::new(),
+fn pod_name(r: &Req<'_>) -> String {
+    if !r.name.is_empty() {
+        return r.name.to_owned();
+    }
+    match r.object.or(r.old_object) {
+        Some(pod) if pod.meta().name.is_some() => pod.name().to_owned(),
+        Some(pod) if pod.meta().generate_name.is_some() => format!("{}*", pod.generate_name()),
+        _ => String::new(),
     }
 }
 
-fn is_pod(req: &AdmissionRequest<Pod>) -> bool {
-    req.kind.group.is_empty()
-        && req.kind.kind == "Pod"
-        && req.sub_resource.as_deref().unwrap_or("").is_empty()
+fn is_pod(r: &Req<'_>) -> bool {
+    r.kind.group.is_empty() && r.kind.kind == "Pod" && r.sub_resource.is_empty()
 }
 
 fn deny(
@@ -285,38 +397,48 @@ fn inject_error(response: AdmissionResponse, error: &InjectError) -> (AdmissionR
             ),
             Outcome::Error,
         ),
+        InjectError::Unread(_) => (
+            deny(
+                response,
+                400,
+                "BadRequest",
+                format!("sidecar-injector: {error}"),
+            ),
+            Outcome::Error,
+        ),
     }
 }
 
-/// The mutating answer, and for an injection the templates injected with their hashes.
-fn mutate(
-    inj: &Injector,
-    entry: Entry,
-    req: &AdmissionRequest<Pod>,
-) -> (AdmissionResponse, Outcome, Injected) {
-    let response = AdmissionResponse::from(req);
-    if req.operation != Operation::Create || !is_pod(req) {
-        return (response, Outcome::Allowed, Vec::new());
+type Mutated = (AdmissionResponse, Option<Vec<u8>>, Outcome, Injected);
+
+/// The mutating answer: the response, the patch, and for an injection the templates injected
+/// with their hashes.
+fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_json::Error> {
+    let response = base(r.api_version, r.uid);
+    if *r.operation != Operation::Create || !is_pod(r) {
+        return Ok((response, None, Outcome::Allowed, Vec::new()));
     }
-    let Some(pod) = req.object.as_ref() else {
-        return (
+    let Some(pod) = r.object else {
+        return Ok((
             deny(
                 response,
                 400,
                 "BadRequest",
                 "sidecar-injector: CREATE request has no object".into(),
             ),
+            None,
             Outcome::Error,
             Vec::new(),
-        );
+        ));
     };
-    let facts = PodFacts::new(pod, req.namespace.as_deref()).with_entry(entry);
-    match decide(inj, &facts) {
+    let facts = PodFacts::new(pod, r.namespace).with_entry(entry);
+    Ok(match decide(inj, &facts) {
+        Err(InjectError::Unread(error)) => return Err(error),
         Err(error) => {
             let (response, outcome) = inject_error(response, &error);
-            (response, outcome, Vec::new())
+            (response, None, outcome, Vec::new())
         }
-        Ok(Decision::NotOptedIn) => (response, Outcome::Allowed, Vec::new()),
+        Ok(Decision::NotOptedIn) => (response, None, Outcome::Allowed, Vec::new()),
         Ok(Decision::Skip(reason)) => {
             let mut response = warn(
                 response,
@@ -325,11 +447,11 @@ fn mutate(
             response
                 .audit_annotations
                 .insert("skipped".into(), reason.to_string());
-            (response, Outcome::Skipped, Vec::new())
+            (response, None, Outcome::Skipped, Vec::new())
         }
         Ok(Decision::Inject(plan)) => {
             let edits = plan_edits(inj, pod, &plan);
-            let response = warn(
+            let mut response = warn(
                 response,
                 plan.notes
                     .iter()
@@ -337,65 +459,55 @@ fn mutate(
                     .collect(),
             );
             if edits.is_empty() {
-                return (response, Outcome::Allowed, Vec::new());
+                return Ok((response, None, Outcome::Allowed, Vec::new()));
             }
-            let names: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
-            match response.clone().with_patch(to_patch(pod, &edits)) {
-                Ok(mut response) => {
-                    response
-                        .audit_annotations
-                        .insert("injected".into(), names.join(","));
-                    let injected = plan
-                        .templates
-                        .iter()
-                        .map(|t| (t.name.clone(), inj.templates.hash(&t.name).to_owned()))
-                        .collect();
-                    (response, Outcome::Injected, injected)
+            let patch = to_patch(pod, &edits);
+            let mut names = String::new();
+            let mut injected = Vec::with_capacity(plan.templates.len());
+            for t in &plan.templates {
+                if !names.is_empty() {
+                    names.push(',');
                 }
-                Err(error) => (
-                    deny(
-                        response,
-                        500,
-                        "InternalError",
-                        format!("sidecar-injector: cannot encode patch: {error}"),
-                    ),
-                    Outcome::Error,
-                    Vec::new(),
-                ),
+                names.push_str(&t.name);
+                injected.push((t.name.clone(), inj.templates.hash(&t.name).to_owned()));
             }
+            response.audit_annotations.insert("injected".into(), names);
+            (response, Some(patch), Outcome::Injected, injected)
         }
-    }
+    })
 }
 
 fn validate(
     inj: &Injector,
     entry: Entry,
-    req: &AdmissionRequest<Pod>,
-) -> (AdmissionResponse, Outcome) {
-    let response = AdmissionResponse::from(req);
-    let checked = matches!(req.operation, Operation::Create | Operation::Update);
-    let Some(pod) = req.object.as_ref().filter(|_| checked && is_pod(req)) else {
-        return (response, Outcome::Allowed);
+    r: &Req<'_>,
+) -> Result<(AdmissionResponse, Outcome), serde_json::Error> {
+    let response = base(r.api_version, r.uid);
+    let checked = matches!(r.operation, Operation::Create | Operation::Update);
+    let Some(pod) = r.object.filter(|_| checked && is_pod(r)) else {
+        return Ok((response, Outcome::Allowed));
     };
     // A pod on its way out is never held up.
-    if pod.metadata.deletion_timestamp.is_some() {
-        return (response, Outcome::Allowed);
+    if let Some(raw) = pod.meta().deletion_timestamp {
+        // Read as the typed road reads it, so that both agree on a malformed time.
+        serde_json::from_str::<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>(raw.get())?;
+        return Ok((response, Outcome::Allowed));
     }
     // A pod another revision injected (its namespace was moved to this revision since) was
     // checked against that revision's templates when it was created; they are not this
     // revision's. Its sidecars (the containers it did not bring itself) may still not change;
     // anything else is admitted, with a word on how to move the pod.
-    if let (Operation::Update, Some(old)) = (&req.operation, &req.old_object) {
-        let other = |p: &Pod| status_of(inj, p).filter(|s| s.revision != inj.config.revision);
+    if let (Operation::Update, Some(old)) = (r.operation, r.old_object) {
+        let other =
+            |p: &PodView<'_>| status_of(inj, p).filter(|s| s.revision != inj.config.revision);
         if let (Some(now), Some(before)) = (other(pod), other(old))
             && now.revision == before.revision
         {
             // A status from before `context` existed cannot tell sidecars from the pod's own.
-            let changed = before
-                .context
-                .as_ref()
-                .map(|own| sidecars_changed(old, pod, own))
-                .unwrap_or_default();
+            let changed = match before.context.as_ref() {
+                Some(own) => sidecars_changed(old, pod, own)?,
+                None => Vec::new(),
+            };
             let warning = format!(
                 "sidecar-injector: this pod was injected by {}; {} checks only that its sidecars do not change. Restart the pod's workload to inject it with this revision",
                 revision_name(&now.revision),
@@ -404,10 +516,10 @@ fn validate(
             if changed.is_empty() || inj.config.validation.mode == ValidationMode::Warn {
                 let mut warnings = vec![warning];
                 warnings.extend(changed.iter().map(|p| format!("sidecar-injector: {p}")));
-                return (warn(response, warnings), Outcome::Allowed);
+                return Ok((warn(response, warnings), Outcome::Allowed));
             }
-            let name = format!("{:?}", req.name);
-            return (
+            let name = format!("{:?}", r.name);
+            return Ok((
                 deny(
                     warn(response, vec![warning]),
                     403,
@@ -415,22 +527,23 @@ fn validate(
                     denial_message(inj, &name, &changed),
                 ),
                 Outcome::Denied,
-            );
+            ));
         }
     }
-    let problems = match problems(inj, entry, pod, req.namespace.as_deref()) {
-        Ok(p) if p.is_empty() => return (response, Outcome::Allowed),
+    let problems = match problems(inj, entry, pod, r.namespace) {
+        Ok(p) if p.is_empty() => return Ok((response, Outcome::Allowed)),
         Ok(p) => p,
+        Err(InjectError::Unread(error)) => return Err(error),
         Err(error @ (InjectError::UnknownTemplate { .. } | InjectError::BadOverride { .. })) => {
             vec![error.to_string()]
         }
-        Err(error) => return inject_error(response, &error),
+        Err(error) => return Ok(inject_error(response, &error)),
     };
     // On UPDATE, only problems the update introduces are refused: a pod that was already
     // inconsistent (created before the injector, or before a template changed) stays updatable.
-    let (new, old): (Vec<String>, Vec<String>) = match (&req.operation, &req.old_object) {
+    let (new, old): (Vec<String>, Vec<String>) = match (r.operation, r.old_object) {
         (Operation::Update, Some(old)) => {
-            let before = problems_or_none(inj, entry, old, req.namespace.as_deref());
+            let before = problems_or_none(inj, entry, old, r.namespace)?;
             problems.into_iter().partition(|p| !before.contains(p))
         }
         _ => (problems, Vec::new()),
@@ -440,17 +553,16 @@ fn validate(
         .map(|p| format!("sidecar-injector: pre-existing problem: {p}"))
         .collect();
     if new.is_empty() {
-        return (warn(response, warnings), Outcome::Allowed);
+        return Ok((warn(response, warnings), Outcome::Allowed));
     }
-    let name = match &req.name {
+    let name = match r.name {
         n if !n.is_empty() => format!("{n:?}"),
-        _ => pod
-            .metadata
-            .generate_name
-            .as_deref()
-            .map_or_else(|| "(unnamed)".into(), |g| format!("{g:?}*")),
+        _ => match pod.meta().generate_name.as_ref() {
+            Some(g) => format!("{:?}*", g.as_str()),
+            None => "(unnamed)".into(),
+        },
     };
-    match inj.config.validation.mode {
+    Ok(match inj.config.validation.mode {
         ValidationMode::Enforce => {
             let response = warn(response, warnings);
             (
@@ -462,16 +574,11 @@ fn validate(
             warnings.extend(new.iter().map(|p| format!("sidecar-injector: {p}")));
             (warn(response, warnings), Outcome::Allowed)
         }
-    }
+    })
 }
 
-fn status_of(inj: &Injector, pod: &Pod) -> Option<InjectStatus> {
-    let value = pod
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(&inj.config.status_annotation)?;
-    serde_json::from_str(value).ok()
+fn status_of(inj: &Injector, pod: &PodView<'_>) -> Option<InjectStatus> {
+    serde_json::from_str(pod.annotation(&inj.config.status_annotation)?).ok()
 }
 
 fn revision_name(revision: &str) -> String {
@@ -484,11 +591,11 @@ fn revision_name(revision: &str) -> String {
 fn problems(
     inj: &Injector,
     entry: Entry,
-    pod: &Pod,
+    pod: &PodView<'_>,
     namespace: Option<&str>,
 ) -> Result<Vec<String>, InjectError> {
     match decide(inj, &PodFacts::new(pod, namespace).with_entry(entry))? {
-        Decision::Inject(plan) => Ok(findings(inj, pod, &plan)),
+        Decision::Inject(plan) => Ok(findings(inj, pod, &plan)?),
         Decision::NotOptedIn | Decision::Skip(_) => Ok(Vec::new()),
     }
 }
@@ -496,13 +603,73 @@ fn problems(
 fn problems_or_none(
     inj: &Injector,
     entry: Entry,
-    pod: &Pod,
+    pod: &PodView<'_>,
     namespace: Option<&str>,
-) -> Vec<String> {
+) -> Result<Vec<String>, serde_json::Error> {
     match problems(inj, entry, pod, namespace) {
-        Ok(p) => p,
-        Err(e) => vec![e.to_string()],
+        Ok(p) => Ok(p),
+        Err(InjectError::Unread(error)) => Err(error),
+        Err(e) => Ok(vec![e.to_string()]),
     }
+}
+
+/// The response review's bytes. An allowed response (every answer with a patch) is written
+/// straight into one buffer, patch and all; any other goes through [`encode`]. Both write the
+/// same bytes for the same response (a test holds them equal).
+pub fn finish(response: AdmissionResponse, patch: Option<&[u8]>) -> Vec<u8> {
+    if !response.allowed || response.result != Status::default() {
+        return encode(response);
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let patch_len = patch.map_or(0, |p| p.len().div_ceil(3) * 4);
+    let mut out = Vec::with_capacity(256 + patch_len + response.uid.len());
+    out.extend_from_slice(br#"{"apiVersion":"#);
+    json_str(&mut out, &response.types.api_version);
+    out.extend_from_slice(br#","kind":"AdmissionReview","response":{"uid":"#);
+    json_str(&mut out, &response.uid);
+    out.extend_from_slice(br#","allowed":true,"status":{}"#);
+    if patch.is_some() {
+        out.extend_from_slice(br#","patchType":"JSONPatch""#);
+    }
+    if !response.audit_annotations.is_empty() {
+        out.extend_from_slice(br#","auditAnnotations":{"#);
+        for (i, (k, v)) in response.audit_annotations.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            json_str(&mut out, k);
+            out.push(b':');
+            json_str(&mut out, v);
+        }
+        out.push(b'}');
+    }
+    if let Some(warnings) = &response.warnings {
+        out.extend_from_slice(br#","warnings":["#);
+        for (i, w) in warnings.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            json_str(&mut out, w);
+        }
+        out.push(b']');
+    }
+    if let Some(patch) = patch {
+        out.extend_from_slice(br#","patch":""#);
+        let start = out.len();
+        out.resize(start + patch_len, 0);
+        // The buffer was sized for the encoding; a failure would leave a short answer that
+        // the tests catch, never a panic.
+        let written = b64.encode_slice(patch, &mut out[start..]).unwrap_or(0);
+        out.truncate(start + written);
+        out.push(b'"');
+    }
+    out.extend_from_slice(b"}}");
+    out
+}
+
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 /// Serializes a response review. The patch goes out base64-encoded, as the API documents

@@ -1,6 +1,6 @@
 //! Sidecar templates: minijinja sources rendered with a pod's context into a [`Fragment`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
@@ -43,9 +43,48 @@ pub struct Fragment {
     /// built from it on every review).
     #[serde(skip)]
     pub digest: [u8; 32],
+    /// Each item's JSON, encoded once when the fragment is rendered: a patch is written from
+    /// these bytes.
+    #[serde(skip)]
+    pub json: Encoded,
+}
+
+/// The JSON of each item of a [`Fragment`], index for index.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Encoded {
+    pub containers: Vec<String>,
+    pub init_containers: Vec<String>,
+    pub volumes: Vec<String>,
+    pub volume_mounts: Vec<String>,
+    pub env: Vec<String>,
+    pub image_pull_secrets: Vec<String>,
+}
+
+fn encode_each<T: Serialize>(items: &[T]) -> Vec<String> {
+    // k8s-openapi types always serialize.
+    items
+        .iter()
+        .map(|item| serde_json::to_string(item).unwrap_or_default())
+        .collect()
 }
 
 impl Fragment {
+    /// Takes the digest and encodes every item, once, after the fragment is read.
+    fn seal(mut self) -> Self {
+        // Serializing derived structs cannot fail; an empty input would only weaken drift
+        // detection, never break injection.
+        self.digest = Sha256::digest(serde_json::to_vec(&self).unwrap_or_default()).into();
+        self.json = Encoded {
+            containers: encode_each(&self.containers),
+            init_containers: encode_each(&self.init_containers),
+            volumes: encode_each(&self.volumes),
+            volume_mounts: encode_each(&self.volume_mounts),
+            env: encode_each(&self.env),
+            image_pull_secrets: encode_each(&self.image_pull_secrets),
+        };
+        self
+    }
+
     /// Names of the containers this fragment injects, regular and init.
     pub fn sidecar_names(&self) -> impl Iterator<Item = &str> {
         self.containers
@@ -129,33 +168,34 @@ pub struct TemplateSet {
     owned: Owned,
 }
 
-/// Rendered fragments by template, pod context and overrides. Rendering is a pure function of
-/// the three (the context is all of the pod a template can read),
-/// and every replica of a workload has the same context (its name is empty under
-/// `generateName`), so most reviews skip both the rendering and the YAML parsing.
+/// Rendered fragments, looked up two ways.
+///
+/// - By template, pod context and overrides: rendering is a pure function of the three (the
+///   context is all of the pod a template can read), and every replica of a workload has the
+///   same context (its name is empty under `generateName`), so most reviews neither render nor
+///   read YAML.
+/// - By template and rendered text: a pod context seen for the first time (a new ReplicaSet,
+///   whose `pod-template-hash` differs) mostly renders what an earlier one rendered, and then
+///   shares its fragment: the YAML of an output is read once, not once per context.
 #[derive(Default)]
 struct RenderCache {
-    entries: std::sync::Mutex<std::collections::HashMap<CacheKey, Arc<Fragment>>>,
+    by_context: std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>,
+    by_text: std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>,
 }
 
-/// Template name and the serialized pod context and overrides.
-type CacheKey = (String, Vec<u8>);
-
-/// Bound on cached renderings; the cache starts over when it is full.
+/// Bound on each table of cached renderings; a table starts over when it is full.
 const CACHE_LIMIT: usize = 4096;
 
-impl RenderCache {
-    fn get(&self, key: &CacheKey) -> Option<Arc<Fragment>> {
-        self.entries.lock().ok()?.get(key).cloned()
-    }
+fn cached(table: &std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>, key: &[u8]) -> Option<Arc<Fragment>> {
+    table.lock().ok()?.get(key).cloned()
+}
 
-    fn put(&self, key: CacheKey, fragment: Arc<Fragment>) {
-        if let Ok(mut entries) = self.entries.lock() {
-            if entries.len() >= CACHE_LIMIT {
-                entries.clear();
-            }
-            entries.insert(key, fragment);
+fn keep(table: &std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>, key: Vec<u8>, fragment: Arc<Fragment>) {
+    if let Ok(mut entries) = table.lock() {
+        if entries.len() >= CACHE_LIMIT {
+            entries.clear();
         }
+        entries.insert(key, fragment);
     }
 }
 
@@ -253,7 +293,7 @@ impl TemplateSet {
     /// owner. Both must render; container names must be unique; and what [`Owned`] records
     /// must not differ between the two, since the context leaves it out by name.
     fn check_samples(&self) -> Result<Owned, TemplateError> {
-        let empty = BTreeMap::new();
+        let empty: BTreeMap<String, String> = BTreeMap::new();
         let bare = PodContext {
             name: "example",
             generate_name: "",
@@ -364,11 +404,15 @@ impl TemplateSet {
 
     /// The overrides template `name` sees for a pod with these annotations: its values, checked,
     /// or the defaults.
-    pub fn overrides_for(
+    pub fn overrides_for<K, V>(
         &self,
         name: &str,
-        annotations: &BTreeMap<String, String>,
-    ) -> Result<BTreeMap<String, serde_json::Value>, BadValue> {
+        annotations: &BTreeMap<K, V>,
+    ) -> Result<BTreeMap<String, serde_json::Value>, BadValue>
+    where
+        K: std::borrow::Borrow<str> + Ord,
+        V: AsRef<str>,
+    {
         match self.overrides.get(name) {
             Some(declared) => overrides::resolve(declared, annotations),
             None => Ok(BTreeMap::new()),
@@ -396,26 +440,58 @@ impl TemplateSet {
         pod: &PodContext<'_>,
         overrides: &BTreeMap<String, serde_json::Value>,
     ) -> Result<Arc<Fragment>, TemplateError> {
-        // Everything the template can read, serialized, is the cache key: equal bytes, equal
-        // rendering (`values` belong to the set, which is rebuilt when they change).
-        let key = (
-            name.to_owned(),
-            serde_json::to_vec(&(pod, overrides)).unwrap_or_default(),
-        );
-        if let Some(fragment) = self.cache.get(&key) {
+        // The serialized context is its own key (equal bytes, equal rendering), marked apart
+        // from the keys the engine builds from a request.
+        let mut key = b"T".to_vec();
+        key.extend(serde_json::to_vec(pod).unwrap_or_default());
+        self.render_with(name, &key, overrides, || Ok(pod.clone()))
+    }
+
+    /// Renders one template for a pod whose context `key` stands for: equal keys must mean
+    /// equal contexts. `context` builds the context, only when the rendering is not cached.
+    pub fn render_with<'c, E: From<TemplateError>>(
+        &self,
+        name: &str,
+        key: &[u8],
+        overrides: &BTreeMap<String, serde_json::Value>,
+        context: impl FnOnce() -> Result<PodContext<'c>, E>,
+    ) -> Result<Arc<Fragment>, E> {
+        // `values` belong to the set, which is rebuilt when they change.
+        let mut full = Vec::with_capacity(name.len() + key.len() + 64);
+        full.extend_from_slice(name.as_bytes());
+        full.push(0);
+        if !overrides.is_empty() {
+            full.extend(serde_json::to_vec(overrides).unwrap_or_default());
+        }
+        full.push(0);
+        full.extend_from_slice(key);
+        if let Some(fragment) = cached(&self.cache.by_context, &full) {
             return Ok(fragment);
         }
-        let fragment = Arc::new(self.render_uncached(name, pod, overrides)?);
-        self.cache.put(key, fragment.clone());
+        let pod = context()?;
+        let text = self.render_text(name, &pod, overrides)?;
+        let mut by_text = Vec::with_capacity(name.len() + 1 + text.len());
+        by_text.extend_from_slice(name.as_bytes());
+        by_text.push(0);
+        by_text.extend_from_slice(text.as_bytes());
+        let fragment = match cached(&self.cache.by_text, &by_text) {
+            Some(fragment) => fragment,
+            None => {
+                let fragment = Arc::new(self.read_fragment(name, &text)?);
+                keep(&self.cache.by_text, by_text, fragment.clone());
+                fragment
+            }
+        };
+        keep(&self.cache.by_context, full, fragment.clone());
         Ok(fragment)
     }
 
-    fn render_uncached(
+    fn render_text(
         &self,
         name: &str,
         pod: &PodContext<'_>,
         overrides: &BTreeMap<String, serde_json::Value>,
-    ) -> Result<Fragment, TemplateError> {
+    ) -> Result<String, TemplateError> {
         let file = file_name(name);
         let template = self
             .env
@@ -429,22 +505,22 @@ impl TemplateSet {
             values => self.values.clone(),
             overrides => Value::from_serialize(overrides),
         };
-        let text = template.render(ctx).map_err(|e| TemplateError::Render {
-            file: file.clone(),
+        template.render(ctx).map_err(|e| TemplateError::Render {
+            file,
             detail: describe(&e),
-        })?;
-        let mut fragment: Fragment = if text.trim().is_empty() {
+        })
+    }
+
+    fn read_fragment(&self, name: &str, text: &str) -> Result<Fragment, TemplateError> {
+        let fragment: Fragment = if text.trim().is_empty() {
             Fragment::default()
         } else {
-            serde_saphyr::from_str(&text).map_err(|e| TemplateError::Fragment {
-                file,
+            serde_saphyr::from_str(text).map_err(|e| TemplateError::Fragment {
+                file: file_name(name),
                 detail: e.to_string(),
             })?
         };
-        // Serializing derived structs cannot fail; an empty input would only weaken drift
-        // detection, never break injection.
-        fragment.digest = Sha256::digest(serde_json::to_vec(&fragment).unwrap_or_default()).into();
-        Ok(fragment)
+        Ok(fragment.seal())
     }
 }
 

@@ -6,11 +6,12 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::Container;
 use serde_json::Value;
 
 use crate::config::Injector;
 use crate::inject::{Plan, Status};
+use crate::view::{ContainerView, PodView};
 
 /// The container fields the injector owns: changing any of them on a sidecar is a finding.
 pub const OWNED_FIELDS: &[&str] = &[
@@ -26,19 +27,19 @@ pub const OWNED_FIELDS: &[&str] = &[
 ];
 
 /// Everything wrong with `pod` for `plan`, in words a person can act on. Empty: the pod is valid.
-pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
+/// A sidecar is compared as a typed container; one that k8s-openapi would not read is an error.
+pub fn findings(inj: &Injector, pod: &PodView<'_>, plan: &Plan) -> Result<Vec<String>, serde_json::Error> {
     let mut out = Vec::new();
     let key = &inj.config.status_annotation;
-    let status = pod.metadata.annotations.as_ref().and_then(|a| a.get(key));
-    let parsed = status.map(|v| serde_json::from_str::<Status>(v));
+    let status = pod.annotation(key);
+    let parsed = status.map(serde_json::from_str::<Status>);
     let kept: BTreeSet<&str> = match &parsed {
         Some(Ok(status)) => status.kept.iter().map(String::as_str).collect(),
         _ => BTreeSet::new(),
     };
-    let empty_spec = Default::default();
-    let spec = pod.spec.as_ref().unwrap_or(&empty_spec);
-    let containers = spec.containers.as_slice();
-    let init = spec.init_containers.as_deref().unwrap_or_default();
+    let containers = pod.containers();
+    let init = pod.init_containers();
+    let volumes = pod.spec.as_ref().map(|s| s.volumes()).unwrap_or_default();
     for t in &plan.templates {
         let lists = [
             (
@@ -58,16 +59,15 @@ pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
         ];
         for (list, wanted, actual, other_list, other) in lists {
             for want in wanted {
-                let found = actual.iter().find(|c| c.name == want.name);
+                let found = actual.iter().find(|c| *c.name == want.name);
+                let elsewhere = other.iter().any(|c| *c.name == want.name);
                 // A container the pod brought itself under a sidecar's name was left alone.
-                if kept.contains(want.name.as_str())
-                    && (found.is_some() || other.iter().any(|c| c.name == want.name))
-                {
+                if kept.contains(want.name.as_str()) && (found.is_some() || elsewhere) {
                     continue;
                 }
                 match found {
                     Some(have) => {
-                        let changed = changed_fields(want, have);
+                        let changed = changed_fields(want, &have.typed()?);
                         if !changed.is_empty() {
                             out.push(format!(
                                 "sidecar {:?} (template {:?}) was changed: {}; these fields belong to the injector",
@@ -77,7 +77,7 @@ pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
                             ));
                         }
                     }
-                    None if other.iter().any(|c| c.name == want.name) => out.push(format!(
+                    None if elsewhere => out.push(format!(
                         "sidecar {:?} (template {:?}) must be in spec.{list} but is in spec.{other_list}",
                         want.name, t.name
                     )),
@@ -89,12 +89,7 @@ pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
             }
         }
         for v in &t.fragment.volumes {
-            if !spec
-                .volumes
-                .iter()
-                .flatten()
-                .any(|have| have.name == v.name)
-            {
+            if !volumes.iter().any(|have| *have.name == v.name) {
                 out.push(format!(
                     "volume {:?} (template {:?}) is missing from spec.volumes",
                     v.name, t.name
@@ -120,29 +115,34 @@ pub fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
         )),
         Some(Err(_)) => out.push(format!(
             "annotation {key} is not a status the injector wrote: {:?}",
-            status.map(String::as_str).unwrap_or_default()
+            status.unwrap_or_default()
         )),
     }
-    out
+    Ok(out)
 }
 
 /// For a pod another revision injected: the containers the pod did not bring itself (those not
 /// in the status `context`, so its sidecars) whose owned fields an update changes. That
 /// revision's templates are not at hand, but its sidecars may not change either.
-pub fn sidecars_changed(old: &Pod, new: &Pod, own: &crate::inject::Seen) -> Vec<String> {
+pub fn sidecars_changed(
+    old: &PodView<'_>,
+    new: &PodView<'_>,
+    own: &crate::inject::Seen,
+) -> Result<Vec<String>, serde_json::Error> {
     let mut out = Vec::new();
-    let lists = |p: &Pod| {
-        let spec = p.spec.clone().unwrap_or_default();
-        [
-            ("containers", spec.containers, &own.containers),
-            (
-                "initContainers",
-                spec.init_containers.unwrap_or_default(),
-                &own.init_containers,
-            ),
-        ]
+    let lists = |p: &PodView<'_>| -> Result<[(&'static str, Vec<Container>); 2], serde_json::Error> {
+        let typed = |cs: &[ContainerView<'_>]| {
+            cs.iter()
+                .map(ContainerView::typed)
+                .collect::<Result<Vec<_>, _>>()
+        };
+        Ok([
+            ("containers", typed(p.containers())?),
+            ("initContainers", typed(p.init_containers())?),
+        ])
     };
-    for ((list, before, own), (_, after, _)) in lists(old).into_iter().zip(lists(new)) {
+    let owns = [&own.containers, &own.init_containers];
+    for (((list, before), (_, after)), own) in lists(old)?.into_iter().zip(lists(new)?).zip(owns) {
         for was in before.iter().filter(|c| !own.contains(&c.name)) {
             match after.iter().find(|c| c.name == was.name) {
                 Some(now) => {
@@ -162,7 +162,7 @@ pub fn sidecars_changed(old: &Pod, new: &Pod, own: &crate::inject::Seen) -> Vec<
             }
         }
     }
-    out
+    Ok(out)
 }
 
 fn revision_words(revision: &str) -> String {
@@ -342,6 +342,13 @@ pub fn denial_message(inj: &Injector, pod_name: &str, problems: &[String]) -> St
 mod tests {
     use super::*;
     use crate::inject::{Decision, PodFacts, apply, decide, plan_edits};
+    use crate::view::pod_json;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {
+        let json = pod_json(pod);
+        super::findings(inj, &PodView::parse(&json).expect("view"), plan).expect("reads")
+    }
 
     fn injected() -> (Injector, Pod, Plan) {
         let inj = Injector::embedded(None).expect("embedded loads");
@@ -350,10 +357,12 @@ mod tests {
             "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]}
         }))
         .expect("pod");
-        let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&pod, Some("default"))) else {
+        let json = pod_json(&pod);
+        let view = PodView::parse(&json).expect("view");
+        let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&view, Some("default"))) else {
             unreachable!("opted-in pod is injected")
         };
-        let edits = plan_edits(&inj, &pod, &plan);
+        let edits = plan_edits(&inj, &view, &plan);
         apply(&mut pod, &edits);
         (inj, pod, plan)
     }

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
 use sidecar_injector::inject::{Decision, Entry, PodFacts, decide, plan_edits};
+use sidecar_injector::view::{PodView, pod_json};
 use sidecar_injector::review::{Outcome, Webhook, answer, answer_for};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
@@ -300,9 +301,11 @@ fn check_inject(inj: &Injector, request: &Value, outcome: Outcome, decoded: &Val
     }
     // The fixed point: the engine asked again about its own output has nothing to add.
     let namespace = request["request"]["namespace"].as_str();
-    match decide(inj, &PodFacts::new(&pod, namespace)) {
+    let json = pod_json(&pod);
+    let view = PodView::parse(&json).expect("a pod reads through the view");
+    match decide(inj, &PodFacts::new(&view, namespace)) {
         Ok(Decision::Inject(plan)) => {
-            let again = plan_edits(inj, &pod, &plan);
+            let again = plan_edits(inj, &view, &plan);
             if !again.is_empty() {
                 problems.push(format!("planning the patched pod again gives {again:?}"));
             }
@@ -788,7 +791,9 @@ fn what_admission_adds_after_us_does_not_change_the_rendering() {
     // The validator rendered what the mutator rendered: the plan for the changed pod is the
     // stored proxy and the stored status.
     let pod: Pod = serde_json::from_value(stored.clone()).expect("a pod");
-    let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&pod, Some("shop"))) else {
+    let json = pod_json(&pod);
+    let view = PodView::parse(&json).expect("a pod reads through the view");
+    let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&view, Some("shop"))) else {
         panic!("the changed pod is still injected")
     };
     assert_eq!(plan.status, status.as_str().expect("a status"));

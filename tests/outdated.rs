@@ -517,13 +517,16 @@ fn a_change_the_pod_cannot_show_is_reported_unattributed() {
 /// the engine does not inject it through the namespace entry).
 fn injected_in(inj: &Injector, mut pod: Pod, labels: &BTreeMap<String, String>) -> Option<Pod> {
     use sidecar_injector::inject::{Decision, Entry, PodFacts, apply, decide, plan_edits};
-    let mut facts = PodFacts::new(&pod, None);
+    use sidecar_injector::view::{PodView, pod_json};
+    let json = pod_json(&pod);
+    let view = PodView::parse(&json).expect("a pod reads through the view");
+    let mut facts = PodFacts::new(&view, None);
     facts.namespace_labels = Some(labels);
     let plan = match decide(inj, &facts) {
         Ok(Decision::Inject(plan)) if plan.entry == Entry::Namespace => plan,
         _ => return None,
     };
-    let edits = plan_edits(inj, &pod, &plan);
+    let edits = plan_edits(inj, &view, &plan);
     apply(&mut pod, &edits);
     Some(pod)
 }

@@ -16,7 +16,10 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use serde_json::{Map, Value, json};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
-use sidecar_injector::inject::{Decision, Edit, PodFacts, apply, decide, plan_edits, to_patch};
+use sidecar_injector::inject::{
+    Decision, InjectError, PodFacts, Plan, apply, decide, plan_edits, to_patch,
+};
+use sidecar_injector::view::{PodView, pod_json};
 use sidecar_injector::outdated::check::{PodState, check};
 use sidecar_injector::review::{Webhook, answer};
 
@@ -304,11 +307,18 @@ fn typed(pod: &Value) -> Pod {
     serde_json::from_value(pod.clone()).expect("generated pods are pods")
 }
 
-/// The edits for a pod, or None when it is not injected (or asks for a template the
+/// The decision for a pod, read through the view as the webhook reads it.
+fn decide_for(inj: &Injector, pod: &Pod, namespace: &str) -> Result<Decision, InjectError> {
+    let json = pod_json(pod);
+    let view = PodView::parse(&json).expect("a pod reads through the view");
+    decide(inj, &PodFacts::new(&view, Some(namespace)))
+}
+
+/// The plan for a pod, or None when it is not injected (or asks for a template the
 /// configuration lacks).
-fn edits(inj: &Injector, pod: &Pod, namespace: &str) -> Option<Vec<Edit>> {
-    match decide(inj, &PodFacts::new(pod, Some(namespace))) {
-        Ok(Decision::Inject(plan)) => Some(plan_edits(inj, pod, &plan)),
+fn plan_for(inj: &Injector, pod: &Pod, namespace: &str) -> Option<Plan> {
+    match decide_for(inj, pod, namespace) {
+        Ok(Decision::Inject(plan)) => Some(plan),
         _ => None,
     }
 }
@@ -416,12 +426,20 @@ proptest! {
     fn injection_is_a_fixed_point(case in pod(), which in 0usize..2) {
         with_injector(which, |inj| {
             let mut pod = typed(&case.pod);
-            let Some(first) = edits(inj, &pod, &case.namespace) else {
+            let Some(plan) = plan_for(inj, &pod, &case.namespace) else {
                 return Ok(());
             };
+            let pod_bytes = pod_json(&pod);
+            let view = PodView::parse(&pod_bytes).expect("a pod reads through the view");
+            let first = plan_edits(inj, &view, &plan);
             apply(&mut pod, &first);
-            let again = edits(inj, &pod, &case.namespace);
-            prop_assert_eq!(again, Some(vec![]), "after {:?}", first);
+            let described: Vec<String> = first.iter().map(|e| e.describe()).collect();
+            let again = plan_for(inj, &pod, &case.namespace).map(|plan| {
+                let pod_bytes = pod_json(&pod);
+                let view = PodView::parse(&pod_bytes).expect("a pod reads through the view");
+                plan_edits(inj, &view, &plan).iter().map(|e| e.describe()).collect::<Vec<_>>()
+            });
+            prop_assert_eq!(again, Some(vec![]), "after {:?}", described);
 
             let object = serde_json::to_value(&pod).expect("pods serialize");
             let response = respond(inj, Webhook::Mutate, &review("CREATE", &case.namespace, &object, None));
@@ -441,14 +459,18 @@ proptest! {
     fn patch_equals_apply(case in pod(), which in 0usize..2) {
         with_injector(which, |inj| {
             let pod = typed(&case.pod);
-            let Some(edits) = edits(inj, &pod, &case.namespace) else {
+            let Some(plan) = plan_for(inj, &pod, &case.namespace) else {
                 return Ok(());
             };
+            let pod_bytes = pod_json(&pod);
+            let view = PodView::parse(&pod_bytes).expect("a pod reads through the view");
+            let edits = plan_edits(inj, &view, &plan);
             let mut applied = pod.clone();
             apply(&mut applied, &edits);
 
             let mut json = serde_json::to_value(&pod).expect("pods serialize");
-            let patch = to_patch(&pod, &edits);
+            let patch: json_patch::Patch =
+                serde_json::from_slice(&to_patch(&view, &edits)).expect("the patch is a JSONPatch");
             if let Err(e) = json_patch::patch(&mut json, &patch) {
                 return Err(TestCaseError::fail(format!("{e}: {patch:?}")));
             }
@@ -524,7 +546,7 @@ proptest! {
             admitted_by_others(&mut later);
             let after = validate(inj, &case.namespace, &later);
             prop_assert_eq!(&before, &after, "{:#}", later);
-            let plan = |pod: &Value| match decide(inj, &PodFacts::new(&typed(pod), Some(&case.namespace))) {
+            let plan = |pod: &Value| match decide_for(inj, &typed(pod), &case.namespace) {
                 Ok(Decision::Inject(plan)) => Some(plan.status),
                 _ => None,
             };
@@ -764,7 +786,7 @@ proptest! {
             object["metadata"]["namespace"] = case.namespace.clone().into();
             let before = typed(&case.pod);
             let injected = matches!(
-                decide(inj, &PodFacts::new(&before, Some(&case.namespace))),
+                decide_for(inj, &before, &case.namespace),
                 Ok(Decision::Inject(_))
             );
             let had_status = case.pod["metadata"]["annotations"]

@@ -149,7 +149,16 @@ pub fn check(
     if !is_live(pod) {
         return None;
     }
-    let mut facts = PodFacts::new(pod, None);
+    let pod_json = crate::view::pod_json(pod);
+    let view = match crate::view::PodView::parse(&pod_json) {
+        Ok(view) => view,
+        Err(error) => {
+            return Some(PodState::Unknown {
+                reason: format!("the pod cannot be read: {error}"),
+            });
+        }
+    };
+    let mut facts = PodFacts::new(&view, None);
     facts.namespace_labels = Some(namespace_labels);
     let recorded = pod
         .metadata

@@ -1,0 +1,481 @@
+//! The AdmissionReview as the engine reads it: a borrowed view of the request body.
+//!
+//! Only what the injector and the validator read is deserialized (metadata, the names, env
+//! names and mounts of containers, volume names, the spec fields the template context shows);
+//! strings are borrowed from the body wherever JSON lets them be (no escapes), and everything
+//! else is skipped without being built. A container, a volume and the spec fields the template
+//! context projects are also kept as their raw JSON, so that the render-cache key is built from
+//! the request's own bytes and the typed form is built only when something needs it (a cache
+//! miss, the validator's comparison of a sidecar).
+//!
+//! The view reads fields as k8s-openapi does: `null` is absent, a missing string is empty, a
+//! map's repeated key keeps the last value. Where the view cannot read a body (a repeated
+//! field, a value of the wrong type in a field it reads), [`crate::review`] reads it the typed
+//! way and builds the view from the typed object's canonical JSON, so both roads lead to the
+//! same engine. Fields the injector never reads are not checked here: the API server has
+//! decoded the object before it calls a webhook.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+use serde_json::value::RawValue;
+
+/// A string of the body: borrowed when it has no escapes.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(transparent)]
+pub struct Str<'a>(#[serde(borrow)] pub Cow<'a, str>);
+
+impl Str<'_> {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::ops::Deref for Str<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Str<'_> {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for Str<'_> {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A string-to-string map (labels, annotations, nodeSelector).
+pub type StrMap<'a> = BTreeMap<Str<'a>, Str<'a>>;
+
+fn text<'s>(s: &'s Option<Str<'_>>) -> &'s str {
+    s.as_ref().map_or("", |s| s.as_str())
+}
+
+/// The review envelope: what the typed `AdmissionReview<Pod>` requires is required here too,
+/// so that a body the view reads is one the typed path reads.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReviewView<'a> {
+    #[serde(borrow)]
+    pub api_version: Str<'a>,
+    #[serde(borrow)]
+    pub kind: Str<'a>,
+    #[serde(default, borrow)]
+    pub request: Option<RequestView<'a>>,
+    #[serde(default, rename = "response")]
+    _response: Option<IgnoredAny>,
+}
+
+/// The request of a review (see `kube::core::admission::AdmissionRequest`, whose required fields
+/// it requires).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequestView<'a> {
+    #[serde(borrow)]
+    pub uid: Str<'a>,
+    pub kind: kube::core::GroupVersionKind,
+    #[serde(rename = "resource")]
+    _resource: kube::core::GroupVersionResource,
+    #[serde(default, borrow)]
+    pub sub_resource: Option<Str<'a>>,
+    #[serde(default, rename = "requestKind")]
+    _request_kind: Option<kube::core::GroupVersionKind>,
+    #[serde(default, rename = "requestResource")]
+    _request_resource: Option<kube::core::GroupVersionResource>,
+    #[serde(default, rename = "requestSubResource")]
+    _request_sub_resource: Option<String>,
+    #[serde(default, borrow)]
+    pub name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub namespace: Option<Str<'a>>,
+    pub operation: kube::core::admission::Operation,
+    #[serde(rename = "userInfo")]
+    _user_info: k8s_openapi::api::authentication::v1::UserInfo,
+    #[serde(default, borrow)]
+    pub object: Option<PodView<'a>>,
+    #[serde(default, borrow)]
+    pub old_object: Option<PodView<'a>>,
+    #[serde(default, rename = "dryRun")]
+    _dry_run: bool,
+    #[serde(default, rename = "options")]
+    _options: Option<k8s_openapi::apimachinery::pkg::runtime::RawExtension>,
+}
+
+impl RequestView<'_> {
+    pub fn name(&self) -> &str {
+        text(&self.name)
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_ref().map(|s| s.as_str())
+    }
+
+    pub fn sub_resource(&self) -> &str {
+        text(&self.sub_resource)
+    }
+}
+
+/// A pod.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct PodView<'a> {
+    #[serde(default, borrow)]
+    pub metadata: Option<MetaView<'a>>,
+    #[serde(default, borrow)]
+    pub spec: Option<SpecView<'a>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetaView<'a> {
+    #[serde(default, borrow)]
+    pub name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub generate_name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub namespace: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub labels: Option<StrMap<'a>>,
+    #[serde(default, borrow)]
+    pub annotations: Option<StrMap<'a>>,
+    #[serde(default, borrow)]
+    pub owner_references: Option<Vec<OwnerView<'a>>>,
+    #[serde(default, borrow)]
+    pub deletion_timestamp: Option<&'a RawValue>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwnerView<'a> {
+    #[serde(default, borrow)]
+    pub api_version: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub kind: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub name: Option<Str<'a>>,
+    #[serde(default)]
+    pub controller: Option<bool>,
+}
+
+impl OwnerView<'_> {
+    pub fn api_version(&self) -> &str {
+        text(&self.api_version)
+    }
+    pub fn kind(&self) -> &str {
+        text(&self.kind)
+    }
+    pub fn name(&self) -> &str {
+        text(&self.name)
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpecView<'a> {
+    #[serde(default, borrow)]
+    pub containers: Option<Vec<ContainerView<'a>>>,
+    #[serde(default, borrow)]
+    pub init_containers: Option<Vec<ContainerView<'a>>>,
+    #[serde(default, borrow)]
+    pub volumes: Option<Vec<VolumeView<'a>>>,
+    #[serde(default, borrow)]
+    pub image_pull_secrets: Option<Vec<NameView<'a>>>,
+    #[serde(default)]
+    pub host_network: Option<bool>,
+    #[serde(default, borrow)]
+    pub node_selector: Option<StrMap<'a>>,
+    #[serde(default, borrow)]
+    pub os: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub service_account_name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub security_context: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    pub priority_class_name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub runtime_class_name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub restart_policy: Option<Str<'a>>,
+    #[serde(default)]
+    pub share_process_namespace: Option<bool>,
+    #[serde(default, borrow)]
+    pub hostname: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub subdomain: Option<Str<'a>>,
+}
+
+impl<'a> SpecView<'a> {
+    pub fn containers(&self) -> &[ContainerView<'a>] {
+        self.containers.as_deref().unwrap_or_default()
+    }
+    pub fn init_containers(&self) -> &[ContainerView<'a>] {
+        self.init_containers.as_deref().unwrap_or_default()
+    }
+    pub fn volumes(&self) -> &[VolumeView<'a>] {
+        self.volumes.as_deref().unwrap_or_default()
+    }
+    pub fn image_pull_secrets(&self) -> &[NameView<'a>] {
+        self.image_pull_secrets.as_deref().unwrap_or_default()
+    }
+    pub fn service_account_name(&self) -> &str {
+        text(&self.service_account_name)
+    }
+
+    /// `spec.os.name`, read as k8s-openapi reads `PodOS` (a missing name is empty).
+    pub fn os_name(&self) -> Result<Option<String>, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Os {
+            #[serde(default)]
+            name: Option<String>,
+        }
+        self.os
+            .map(|raw| serde_json::from_str::<Os>(raw.get()).map(|o| o.name.unwrap_or_default()))
+            .transpose()
+    }
+}
+
+/// Something with a name (an image pull secret, an env var).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct NameView<'a> {
+    #[serde(default, borrow)]
+    pub name: Option<Str<'a>>,
+}
+
+impl NameView<'_> {
+    pub fn name(&self) -> &str {
+        text(&self.name)
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MountView<'a> {
+    #[serde(default, borrow)]
+    pub name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    pub mount_path: Option<Str<'a>>,
+}
+
+impl MountView<'_> {
+    pub fn name(&self) -> &str {
+        text(&self.name)
+    }
+    pub fn mount_path(&self) -> &str {
+        text(&self.mount_path)
+    }
+}
+
+/// The fields of a container the engine reads; the rest stays in [`ContainerView::raw`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ContainerFields<'a> {
+    #[serde(default, borrow)]
+    name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    image: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    command: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    args: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    working_dir: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    ports: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    env: Option<Vec<NameView<'a>>>,
+    #[serde(default, borrow)]
+    volume_mounts: Option<Vec<MountView<'a>>>,
+}
+
+/// A container: the fields the engine reads, and its JSON.
+#[derive(Clone, Debug)]
+pub struct ContainerView<'a> {
+    pub name: Str<'a>,
+    /// The fields the template context projects (`image`, `command`, `args`, `workingDir`,
+    /// `ports`), as JSON.
+    pub image: Option<&'a RawValue>,
+    pub command: Option<&'a RawValue>,
+    pub args: Option<&'a RawValue>,
+    pub working_dir: Option<&'a RawValue>,
+    pub ports: Option<&'a RawValue>,
+    pub env: Option<Vec<NameView<'a>>>,
+    pub volume_mounts: Option<Vec<MountView<'a>>>,
+    /// The whole container.
+    pub raw: &'a RawValue,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ContainerView<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw: &'a RawValue = Deserialize::deserialize(deserializer)?;
+        let f: ContainerFields<'a> =
+            serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
+        Ok(Self {
+            name: f.name.unwrap_or_default(),
+            image: f.image,
+            command: f.command,
+            args: f.args,
+            working_dir: f.working_dir,
+            ports: f.ports,
+            env: f.env,
+            volume_mounts: f.volume_mounts,
+            raw,
+        })
+    }
+}
+
+impl ContainerView<'_> {
+    /// The typed container (k8s-openapi), for a field-by-field comparison.
+    pub fn typed(&self) -> Result<k8s_openapi::api::core::v1::Container, serde_json::Error> {
+        serde_json::from_str(self.raw.get())
+    }
+}
+
+/// A volume: its name and its JSON.
+#[derive(Clone, Debug)]
+pub struct VolumeView<'a> {
+    pub name: Str<'a>,
+    pub raw: &'a RawValue,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for VolumeView<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw: &'a RawValue = Deserialize::deserialize(deserializer)?;
+        let named: NameView<'a> =
+            serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
+        Ok(Self {
+            name: named.name.unwrap_or_default(),
+            raw,
+        })
+    }
+}
+
+impl VolumeView<'_> {
+    /// A ServiceAccount token volume as the ServiceAccount admission plugin adds it: its name is
+    /// random per pod (`kube-api-access-*`) and it projects a token.
+    pub fn is_token_volume(&self) -> Result<bool, serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Volume {
+            #[serde(default)]
+            projected: Option<Projected>,
+        }
+        #[derive(Deserialize)]
+        struct Projected {
+            #[serde(default)]
+            sources: Option<Vec<Source>>,
+        }
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Source {
+            #[serde(default)]
+            service_account_token: Option<IgnoredAny>,
+        }
+        if !self.name.starts_with("kube-api-access-") {
+            return Ok(false);
+        }
+        let v: Volume = serde_json::from_str(self.raw.get())?;
+        Ok(v.projected.is_some_and(|p| {
+            p.sources
+                .iter()
+                .flatten()
+                .any(|s| s.service_account_token.is_some())
+        }))
+    }
+}
+
+static EMPTY: StrMap<'static> = BTreeMap::new();
+
+/// A typed pod's canonical JSON, to read it through the view (offline callers, the typed road
+/// of [`crate::review`], tests).
+pub fn pod_json(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<u8> {
+    // A k8s-openapi type always serializes.
+    serde_json::to_vec(pod).unwrap_or_default()
+}
+
+impl<'a> PodView<'a> {
+    /// Reads a pod from JSON.
+    pub fn parse(json: &'a [u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(json)
+    }
+
+    pub fn meta(&self) -> &MetaView<'a> {
+        static NONE: MetaView<'static> = MetaView {
+            name: None,
+            generate_name: None,
+            namespace: None,
+            labels: None,
+            annotations: None,
+            owner_references: None,
+            deletion_timestamp: None,
+        };
+        self.metadata.as_ref().unwrap_or(&NONE)
+    }
+
+    pub fn labels(&self) -> &StrMap<'a> {
+        self.meta().labels.as_ref().unwrap_or(&EMPTY)
+    }
+
+    pub fn annotations(&self) -> &StrMap<'a> {
+        self.meta().annotations.as_ref().unwrap_or(&EMPTY)
+    }
+
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels().get(key).map(|v| v.as_str())
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations().get(key).map(|v| v.as_str())
+    }
+
+    pub fn name(&self) -> &str {
+        text(&self.meta().name)
+    }
+
+    pub fn generate_name(&self) -> &str {
+        text(&self.meta().generate_name)
+    }
+
+    pub fn containers(&self) -> &[ContainerView<'a>] {
+        self.spec.as_ref().map_or(&[], |s| s.containers())
+    }
+
+    pub fn init_containers(&self) -> &[ContainerView<'a>] {
+        self.spec.as_ref().map_or(&[], |s| s.init_containers())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_borrowed_unless_escaped() {
+        let body = br#"{"metadata":{"name":"web","labels":{"a":"b\u0041"}},"spec":{"containers":[{"name":"app","env":[{"name":"X"}]}]}}"#;
+        let pod = PodView::parse(body).expect("reads");
+        assert!(matches!(pod.meta().name.as_ref().map(|s| &s.0), Some(Cow::Borrowed("web"))));
+        assert_eq!(pod.label("a"), Some("bA"));
+        assert_eq!(pod.containers()[0].name.as_str(), "app");
+        assert_eq!(pod.containers()[0].raw.get(), r#"{"name":"app","env":[{"name":"X"}]}"#);
+    }
+
+    #[test]
+    fn null_is_absent_and_a_repeated_map_key_keeps_the_last() {
+        let body = br#"{"metadata":{"name":null,"labels":{"a":"1","a":"2"}},"spec":{"containers":null,"hostNetwork":null}}"#;
+        let pod = PodView::parse(body).expect("reads");
+        assert_eq!(pod.name(), "");
+        assert_eq!(pod.label("a"), Some("2"));
+        assert!(pod.containers().is_empty());
+    }
+
+    #[test]
+    fn a_repeated_field_or_a_wrong_type_is_not_read() {
+        assert!(PodView::parse(br#"{"metadata":{"name":"a","name":"b"}}"#).is_err());
+        assert!(PodView::parse(br#"{"spec":{"containers":[{"name":5}]}}"#).is_err());
+    }
+}
