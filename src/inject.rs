@@ -6,9 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, LocalObjectReference, Pod, Volume, VolumeMount};
-use serde_json::value::RawValue;
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, LocalObjectReference, Pod, Volume, VolumeMount,
+};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::config::{Injector, NAMESPACE_ENABLED};
@@ -186,7 +188,8 @@ struct Key(Vec<u8>);
 impl Key {
     fn field(&mut self, tag: u8, bytes: &[u8]) {
         self.0.push(tag);
-        self.0.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        self.0
+            .extend_from_slice(&(bytes.len() as u32).to_le_bytes());
         self.0.extend_from_slice(bytes);
     }
 
@@ -287,11 +290,7 @@ impl<'a> PodFacts<'a> {
     /// Which of the pod's own containers, init containers and volumes the template context
     /// shows: not the sidecars or volumes of any template, not a ServiceAccount token volume
     /// (its name is random), and with `only`, just those an earlier rendering saw.
-    fn seen(
-        &self,
-        inj: &Injector,
-        only: Option<&Seen>,
-    ) -> Result<Shown<'a>, serde_json::Error> {
+    fn seen(&self, inj: &Injector, only: Option<&Seen>) -> Result<Shown<'a>, serde_json::Error> {
         let owned = inj.templates.owned();
         let keep = |name: &str, listed: Option<&Vec<String>>| {
             !owned.sidecars.contains(name) && listed.is_none_or(|l| l.iter().any(|n| n == name))
@@ -494,7 +493,10 @@ fn typed<T: serde::de::DeserializeOwned + Serialize>(
 }
 
 /// The spec as templates see it (see [`PodFacts::context`]).
-fn project_spec(spec: &SpecView<'_>, shown: &Shown<'_>) -> Result<serde_json::Value, serde_json::Error> {
+fn project_spec(
+    spec: &SpecView<'_>,
+    shown: &Shown<'_>,
+) -> Result<serde_json::Value, serde_json::Error> {
     use k8s_openapi::api::core::v1::{ContainerPort, PodOS, PodSecurityContext};
     use serde_json::{Map, Value};
     let mut out = Map::new();
@@ -518,11 +520,23 @@ fn project_spec(spec: &SpecView<'_>, shown: &Shown<'_>) -> Result<serde_json::Va
         }
         Ok(Value::Object(m))
     };
-    let containers = shown.containers.iter().map(|c| project(c)).collect::<Result<_, _>>()?;
+    let containers = shown
+        .containers
+        .iter()
+        .map(|c| project(c))
+        .collect::<Result<_, _>>()?;
     out.insert("containers".into(), Value::Array(containers));
-    let init = shown.init_containers.iter().map(|c| project(c)).collect::<Result<_, _>>()?;
+    let init = shown
+        .init_containers
+        .iter()
+        .map(|c| project(c))
+        .collect::<Result<_, _>>()?;
     out.insert("initContainers".into(), Value::Array(init));
-    let volumes = shown.volumes.iter().map(|v| typed::<Volume>(v.raw)).collect::<Result<_, _>>()?;
+    let volumes = shown
+        .volumes
+        .iter()
+        .map(|v| typed::<Volume>(v.raw))
+        .collect::<Result<_, _>>()?;
     out.insert("volumes".into(), Value::Array(volumes));
     let text = |s: &Option<Str<'_>>| s.as_ref().map(|s| Value::from(s.as_str()));
     let fields = [
@@ -536,13 +550,21 @@ fn project_spec(spec: &SpecView<'_>, shown: &Shown<'_>) -> Result<serde_json::Va
                 )
             }),
         ),
-        ("securityContext", spec.security_context.map(typed::<PodSecurityContext>).transpose()?),
+        (
+            "securityContext",
+            spec.security_context
+                .map(typed::<PodSecurityContext>)
+                .transpose()?,
+        ),
         ("hostNetwork", spec.host_network.map(Value::from)),
         ("os", spec.os.map(typed::<PodOS>).transpose()?),
         ("priorityClassName", text(&spec.priority_class_name)),
         ("runtimeClassName", text(&spec.runtime_class_name)),
         ("restartPolicy", text(&spec.restart_policy)),
-        ("shareProcessNamespace", spec.share_process_namespace.map(Value::from)),
+        (
+            "shareProcessNamespace",
+            spec.share_process_namespace.map(Value::from),
+        ),
         ("hostname", text(&spec.hostname)),
         ("subdomain", text(&spec.subdomain)),
     ];
@@ -926,12 +948,8 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
         let mounts = container.volume_mounts.as_deref().unwrap_or_default();
         let mut mount_names: BTreeSet<&str> = mounts.iter().map(|m| m.name()).collect();
         let mut mount_paths: BTreeSet<&str> = mounts.iter().map(|m| m.mount_path()).collect();
-        let mut env_names: BTreeSet<&str> = container
-            .env
-            .iter()
-            .flatten()
-            .map(|e| e.name())
-            .collect();
+        let mut env_names: BTreeSet<&str> =
+            container.env.iter().flatten().map(|e| e.name()).collect();
         for t in &plan.templates {
             let f = &*t.fragment;
             for m in parts(&f.volume_mounts, &f.json.volume_mounts) {
@@ -1014,7 +1032,9 @@ impl Edit<'_> {
                     mount.value.name, mount.value.mount_path
                 )
             }
-            Edit::AddEnv { container, env } => format!("env {} in container #{container}", env.value.name),
+            Edit::AddEnv { container, env } => {
+                format!("env {} in container #{container}", env.value.name)
+            }
             Edit::SetLabel { key, value } => format!("label {key}={value}"),
             Edit::SetAnnotation { key, value } => format!("annotation {key}={value}"),
         }
@@ -1075,8 +1095,7 @@ struct PatchWriter {
 
 impl PatchWriter {
     fn op(&mut self, path: &[&str], value: impl FnOnce(&mut Vec<u8>)) {
-        self.out
-            .push(if self.out.is_empty() { b'[' } else { b',' });
+        self.out.push(if self.out.is_empty() { b'[' } else { b',' });
         self.out.extend_from_slice(br#"{"op":"add","path":""#);
         for token in path {
             self.out.push(b'/');
@@ -1104,7 +1123,9 @@ impl PatchWriter {
 
 /// A string's JSON escaping, without the quotes.
 fn write_json_str_body(out: &mut Vec<u8>, s: &str) {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f) {
+    if s.bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f)
+    {
         out.extend_from_slice(s.as_bytes());
         return;
     }
@@ -1258,7 +1279,11 @@ mod tests {
         Injector::embedded(Some("sidecar-injector".into())).expect("embedded config loads")
     }
 
-    fn decide_for(inj: &Injector, p: &Pod, namespace: Option<&str>) -> Result<Decision, InjectError> {
+    fn decide_for(
+        inj: &Injector,
+        p: &Pod,
+        namespace: Option<&str>,
+    ) -> Result<Decision, InjectError> {
         let json = crate::view::pod_json(p);
         let view = PodView::parse(&json).expect("view");
         decide(inj, &PodFacts::new(&view, namespace))
@@ -1463,15 +1488,14 @@ mod tests {
         let inj = injector();
         let mut p = opted_in();
         p.metadata.annotations = None;
-        let Decision::Inject(plan) =
-            decide_for(&inj, &p, Some("default")).expect("decides")
-        else {
+        let Decision::Inject(plan) = decide_for(&inj, &p, Some("default")).expect("decides") else {
             unreachable!("opted-in pod is injected")
         };
         let json = crate::view::pod_json(&p);
         let view = PodView::parse(&json).expect("view");
         let patch: serde_json::Value =
-            serde_json::from_slice(&to_patch(&view, &plan_edits(&inj, &view, &plan))).expect("json");
+            serde_json::from_slice(&to_patch(&view, &plan_edits(&inj, &view, &plan)))
+                .expect("json");
         let paths: Vec<&str> = patch
             .as_array()
             .into_iter()

@@ -694,3 +694,48 @@ pub fn encode(mut response: AdmissionResponse) -> Vec<u8> {
     }
     serde_json::to_vec(&value).unwrap_or_default()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The straight writer and the general encoder write the same bytes for every allowed
+    /// response: with and without warnings, audit annotations and a patch, with strings that
+    /// need escaping.
+    #[test]
+    fn the_straight_writer_writes_what_the_encoder_writes() {
+        let patch =
+            r#"[{"op":"add","path":"/metadata/annotations/a~1b","value":"\"q\" é"}]"#.as_bytes();
+        for api_version in ["admission.k8s.io/v1", "admission.k8s.io/v1beta1"] {
+            for warnings in [
+                None,
+                Some(vec!["one \"quoted\"".to_owned(), "two\n".to_owned()]),
+            ] {
+                for audit in [None, Some(("injected", "log-shipper,proxy"))] {
+                    for with_patch in [false, true] {
+                        let mut response = base(api_version, "uid-\u{1}-é");
+                        response.warnings = warnings.clone();
+                        if let Some((k, v)) = audit {
+                            response.audit_annotations.insert(k.into(), v.into());
+                        }
+                        let straight = finish(response.clone(), with_patch.then_some(patch));
+                        let general = if with_patch {
+                            let ops: json_patch::Patch =
+                                serde_json::from_slice(patch).expect("a patch");
+                            let response = response.with_patch(ops).expect("encodes");
+                            // The encoder takes the patch as `with_patch` wrote it.
+                            assert_eq!(response.patch.as_deref(), Some(patch));
+                            encode(response)
+                        } else {
+                            encode(response)
+                        };
+                        assert_eq!(
+                            String::from_utf8_lossy(&straight),
+                            String::from_utf8_lossy(&general)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -186,11 +186,18 @@ struct RenderCache {
 /// Bound on each table of cached renderings; a table starts over when it is full.
 const CACHE_LIMIT: usize = 4096;
 
-fn cached(table: &std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>, key: &[u8]) -> Option<Arc<Fragment>> {
+fn cached(
+    table: &std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>,
+    key: &[u8],
+) -> Option<Arc<Fragment>> {
     table.lock().ok()?.get(key).cloned()
 }
 
-fn keep(table: &std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>, key: Vec<u8>, fragment: Arc<Fragment>) {
+fn keep(
+    table: &std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>,
+    key: Vec<u8>,
+    fragment: Arc<Fragment>,
+) {
     if let Ok(mut entries) = table.lock() {
         if entries.len() >= CACHE_LIMIT {
             entries.clear();

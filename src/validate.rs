@@ -28,7 +28,11 @@ pub const OWNED_FIELDS: &[&str] = &[
 
 /// Everything wrong with `pod` for `plan`, in words a person can act on. Empty: the pod is valid.
 /// A sidecar is compared as a typed container; one that k8s-openapi would not read is an error.
-pub fn findings(inj: &Injector, pod: &PodView<'_>, plan: &Plan) -> Result<Vec<String>, serde_json::Error> {
+pub fn findings(
+    inj: &Injector,
+    pod: &PodView<'_>,
+    plan: &Plan,
+) -> Result<Vec<String>, serde_json::Error> {
     let mut out = Vec::new();
     let key = &inj.config.status_annotation;
     let status = pod.annotation(key);
@@ -130,17 +134,18 @@ pub fn sidecars_changed(
     own: &crate::inject::Seen,
 ) -> Result<Vec<String>, serde_json::Error> {
     let mut out = Vec::new();
-    let lists = |p: &PodView<'_>| -> Result<[(&'static str, Vec<Container>); 2], serde_json::Error> {
-        let typed = |cs: &[ContainerView<'_>]| {
-            cs.iter()
-                .map(ContainerView::typed)
-                .collect::<Result<Vec<_>, _>>()
+    let lists =
+        |p: &PodView<'_>| -> Result<[(&'static str, Vec<Container>); 2], serde_json::Error> {
+            let typed = |cs: &[ContainerView<'_>]| {
+                cs.iter()
+                    .map(ContainerView::typed)
+                    .collect::<Result<Vec<_>, _>>()
+            };
+            Ok([
+                ("containers", typed(p.containers())?),
+                ("initContainers", typed(p.init_containers())?),
+            ])
         };
-        Ok([
-            ("containers", typed(p.containers())?),
-            ("initContainers", typed(p.init_containers())?),
-        ])
-    };
     let owns = [&own.containers, &own.init_containers];
     for (((list, before), (_, after)), own) in lists(old)?.into_iter().zip(lists(new)?).zip(owns) {
         for was in before.iter().filter(|c| !own.contains(&c.name)) {
@@ -359,7 +364,8 @@ mod tests {
         .expect("pod");
         let json = pod_json(&pod);
         let view = PodView::parse(&json).expect("view");
-        let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&view, Some("default"))) else {
+        let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&view, Some("default")))
+        else {
             unreachable!("opted-in pod is injected")
         };
         let edits = plan_edits(&inj, &view, &plan);

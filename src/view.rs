@@ -125,11 +125,37 @@ impl RequestView<'_> {
 
 /// A pod.
 #[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct PodView<'a> {
+    /// Checked as k8s-openapi checks it: when present, exactly `v1`.
+    #[serde(default, deserialize_with = "v1", rename = "apiVersion")]
+    _api_version: (),
+    /// Checked as k8s-openapi checks it: when present, exactly `Pod`.
+    #[serde(default, deserialize_with = "pod_kind", rename = "kind")]
+    _kind: (),
     #[serde(default, borrow)]
     pub metadata: Option<MetaView<'a>>,
     #[serde(default, borrow)]
     pub spec: Option<SpecView<'a>>,
+}
+
+fn exactly<'de, D: serde::Deserializer<'de>>(deserializer: D, want: &str) -> Result<(), D::Error> {
+    let have = Str::deserialize(deserializer)?;
+    if have.as_str() != want {
+        return Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Str(&have),
+            &want,
+        ));
+    }
+    Ok(())
+}
+
+fn v1<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D::Error> {
+    exactly(deserializer, "v1")
+}
+
+fn pod_kind<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D::Error> {
+    exactly(deserializer, "Pod")
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -458,10 +484,16 @@ mod tests {
     fn strings_are_borrowed_unless_escaped() {
         let body = br#"{"metadata":{"name":"web","labels":{"a":"b\u0041"}},"spec":{"containers":[{"name":"app","env":[{"name":"X"}]}]}}"#;
         let pod = PodView::parse(body).expect("reads");
-        assert!(matches!(pod.meta().name.as_ref().map(|s| &s.0), Some(Cow::Borrowed("web"))));
+        assert!(matches!(
+            pod.meta().name.as_ref().map(|s| &s.0),
+            Some(Cow::Borrowed("web"))
+        ));
         assert_eq!(pod.label("a"), Some("bA"));
         assert_eq!(pod.containers()[0].name.as_str(), "app");
-        assert_eq!(pod.containers()[0].raw.get(), r#"{"name":"app","env":[{"name":"X"}]}"#);
+        assert_eq!(
+            pod.containers()[0].raw.get(),
+            r#"{"name":"app","env":[{"name":"X"}]}"#
+        );
     }
 
     #[test]

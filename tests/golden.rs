@@ -20,8 +20,8 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
 use sidecar_injector::inject::{Decision, Entry, PodFacts, decide, plan_edits};
-use sidecar_injector::view::{PodView, pod_json};
 use sidecar_injector::review::{Outcome, Webhook, answer, answer_for};
+use sidecar_injector::view::{PodView, pod_json};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
 

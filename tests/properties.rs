@@ -17,11 +17,11 @@ use proptest::sample::Index;
 use serde_json::{Map, Value, json};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
 use sidecar_injector::inject::{
-    Decision, InjectError, PodFacts, Plan, apply, decide, plan_edits, to_patch,
+    Decision, InjectError, Plan, PodFacts, apply, decide, plan_edits, to_patch,
 };
-use sidecar_injector::view::{PodView, pod_json};
 use sidecar_injector::outdated::check::{PodState, check};
 use sidecar_injector::review::{Webhook, answer};
+use sidecar_injector::view::{PodView, pod_json};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
 const SIDECARS: [&str; 2] = ["log-shipper", "proxy"];
@@ -800,5 +800,206 @@ proptest! {
             }
             Ok(())
         })?;
+    }
+}
+
+// === 6. The borrowed view and the typed road give the same bytes ===
+//
+// `review::answer_for` reads a body through the borrowed view; `review::answer_typed` reads it
+// as k8s-openapi types first. On every body both must write the same answer, byte for byte, or
+// refuse it the same way. The bodies are reviews of generated pods (CREATE and UPDATE, both
+// webhook entries), some turned hostile: a key written twice, an array made huge, a value
+// nested past the parser's depth limit, a string written with `\u` escapes or as a lone
+// surrogate, a number where a string belongs.
+
+#[derive(Clone, Copy, Debug)]
+enum Hostile {
+    None,
+    DuplicateKey,
+    HugeArray,
+    DeepNesting,
+    Escaped,
+    LoneSurrogate,
+    NumberForString,
+}
+
+fn hostile() -> impl Strategy<Value = Hostile> {
+    prop_oneof![
+        2 => Just(Hostile::None),
+        1 => Just(Hostile::DuplicateKey),
+        1 => Just(Hostile::HugeArray),
+        1 => Just(Hostile::DeepNesting),
+        1 => Just(Hostile::Escaped),
+        1 => Just(Hostile::LoneSurrogate),
+        1 => Just(Hostile::NumberForString),
+    ]
+}
+
+/// JSON text of `value`, with `how` done to the node at pointer `target`.
+fn write_hostile(value: &Value, at: &str, target: &str, how: Hostile, out: &mut String) {
+    let here = at == target;
+    match value {
+        Value::Object(m) => {
+            out.push('{');
+            let mut first = true;
+            let mut member = |out: &mut String, k: &str, v: &Value, first: &mut bool| {
+                if !*first {
+                    out.push(',');
+                }
+                *first = false;
+                out.push_str(&serde_json::to_string(k).expect("a key"));
+                out.push(':');
+                let escaped = k.replace('~', "~0").replace('/', "~1");
+                write_hostile(v, &format!("{at}/{escaped}"), target, how, out);
+            };
+            if here
+                && matches!(how, Hostile::DuplicateKey)
+                && let Some((k, v)) = m.iter().next()
+            {
+                // The same key with another value first: the last one is the one that counts.
+                let other = if v.is_string() {
+                    json!("other")
+                } else {
+                    json!(null)
+                };
+                member(out, k, &other, &mut first);
+            }
+            for (k, v) in m {
+                member(out, k, v, &mut first);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            let copies = if here && matches!(how, Hostile::HugeArray) {
+                2000 / items.len().max(1)
+            } else {
+                1
+            };
+            out.push('[');
+            let mut first = true;
+            for _ in 0..copies {
+                for (i, v) in items.iter().enumerate() {
+                    if !first {
+                        out.push(',');
+                    }
+                    first = false;
+                    write_hostile(v, &format!("{at}/{i}"), target, how, out);
+                }
+            }
+            out.push(']');
+        }
+        Value::String(s) if here => match how {
+            Hostile::Escaped => {
+                out.push('"');
+                for c in s.chars() {
+                    let mut units = [0u16; 2];
+                    for unit in c.encode_utf16(&mut units) {
+                        out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                out.push('"');
+            }
+            Hostile::LoneSurrogate => out.push_str("\"a\\ud800b\""),
+            Hostile::NumberForString => out.push_str("42"),
+            _ => out.push_str(&serde_json::to_string(s).expect("a string")),
+        },
+        _ if here && matches!(how, Hostile::DeepNesting) => {
+            out.push_str(&"[".repeat(200));
+            out.push_str(&value.to_string());
+            out.push_str(&"]".repeat(200));
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn two_roads_review() -> impl Strategy<Value = (Vec<u8>, Vec<u8>, String)> {
+    (pod(), prop::bool::ANY, any::<Index>(), hostile()).prop_map(|(case, update, at, how)| {
+        let object = case.pod.clone();
+        let old = update.then(|| {
+            let mut old = case.pod.clone();
+            old["metadata"]["labels"]["old"] = "yes".into();
+            old
+        });
+        let operation = if update { "UPDATE" } else { "CREATE" };
+        let body: Value =
+            serde_json::from_slice(&review(operation, &case.namespace, &object, old.as_ref()))
+                .expect("JSON");
+        let mut all = Vec::new();
+        pointers(&body, String::new(), &mut all);
+        let target = all[at.index(all.len())].clone();
+        let mut text = String::new();
+        write_hostile(&body, "", &target, how, &mut text);
+        let clean = serde_json::to_vec(&body).expect("JSON");
+        (text.into_bytes(), clean, format!("{how:?} at {target}"))
+    })
+}
+
+/// Both roads answer `body` alike. The one way they may part: the typed road refuses a body
+/// for a hostile value in a field the view did not need for its answer (a field the injector
+/// never reads, or the containers of a pod that is not opted in); then the view must answer
+/// exactly what it answers for the body without the hostile value (`clean`).
+fn same_on_both_roads(body: &[u8], clean: &[u8], what: &str) -> Result<(), TestCaseError> {
+    use sidecar_injector::inject::Entry;
+    use sidecar_injector::review::{answer_for, answer_typed};
+    for which in 0..2 {
+        for webhook in [Webhook::Mutate, Webhook::Validate] {
+            for entry in [Entry::Pod, Entry::Namespace] {
+                let (view, typed, view_clean) = with_injector(which, |inj| {
+                    (
+                        answer_for(inj, webhook, entry, body),
+                        answer_typed(inj, webhook, entry, body),
+                        answer_for(inj, webhook, entry, clean),
+                    )
+                });
+                match (view, typed) {
+                    (Ok(v), Ok(t))
+                        if v.body != t.body
+                            && String::from_utf8_lossy(&t.body)
+                                .contains("cannot read this AdmissionReview") =>
+                    {
+                        let clean = view_clean.map(|a| a.body).unwrap_or_default();
+                        prop_assert_eq!(
+                            String::from_utf8_lossy(&v.body),
+                            String::from_utf8_lossy(&clean),
+                            "{} {:?} {:?}: the typed road refused it; the view must answer as for the clean body",
+                            what,
+                            webhook,
+                            entry
+                        );
+                    }
+                    (Ok(v), Ok(t)) => {
+                        prop_assert_eq!(
+                            String::from_utf8_lossy(&v.body),
+                            String::from_utf8_lossy(&t.body),
+                            "{} {:?} {:?}",
+                            what,
+                            webhook,
+                            entry
+                        );
+                        prop_assert_eq!(v.outcome, t.outcome);
+                    }
+                    (Err(v), Err(t)) => prop_assert_eq!(v.to_string(), t.to_string()),
+                    (v, t) => prop_assert!(
+                        false,
+                        "{} {:?} {:?}: view {:?}, typed {:?}",
+                        what,
+                        webhook,
+                        entry,
+                        v.map(|a| String::from_utf8_lossy(&a.body).into_owned()),
+                        t.map(|a| String::from_utf8_lossy(&a.body).into_owned())
+                    ),
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn the_view_and_the_typed_road_answer_alike((body, clean, what) in two_roads_review()) {
+        same_on_both_roads(&body, &clean, &what)?;
     }
 }
