@@ -3,7 +3,8 @@
 # webhook and the transport ceiling each serving REQUESTS requests on 127.0.0.1. Instruction
 # counts repeat from run to run, unlike times on a shared machine, so they show what a change
 # did. Per-request numbers are (run with N) - (run with 0), divided by N.
-# Output: target/bench/profile/*.out (callgrind_annotate --inclusive=yes FILE) and a summary.
+# Output: target/bench/profile/*.out (callgrind_annotate --inclusive=yes FILE), a summary, and
+# target/bench/profile/instructions.json (read by bench-run for the instruction goals).
 # The first run builds with line tables into its own target directory (several minutes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,8 +12,12 @@ out="$PWD/target/bench/profile"
 mkdir -p "$out"
 export CARGO_TARGET_DIR="${PROFILE_TARGET_DIR:-$PWD/target/bench/profile-target}"
 # Line tables let callgrind name inlined frames; the usual release builds stay as they are.
-CARGO_PROFILE_RELEASE_DEBUG=line-tables-only "${CARGO:-cargo}" build --release \
-  -p sidecar-injector -p sidecar-injector-bench --bins
+# PROFILE_LINE_TABLES=0 (make bench) counts with the usual release build: the same code, no
+# second build.
+if [ "${PROFILE_LINE_TABLES:-1}" = 1 ]; then
+  export CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
+fi
+"${CARGO:-cargo}" build --release -p sidecar-injector -p sidecar-injector-bench --bins
 bin="$CARGO_TARGET_DIR/release"
 n=${REQUESTS:-200}
 iterations=${ITERATIONS:-40}
@@ -72,10 +77,20 @@ for kind in webhook ceiling; do
   serve "$kind" "$n"
 done
 
+typical=$(per "$out/engine-typical-1.out" "$out/engine-typical-n.out" "$iterations")
+distinct=$(per "$out/engine-typical-distinct-1.out" "$out/engine-typical-distinct-n.out" "$iterations")
+large=$(per "$out/engine-2x2000-1.out" "$out/engine-2x2000-n.out" "$iterations")
+webhook=$(per "$out/webhook-0.out" "$out/webhook-$n.out" "$n")
+ceiling=$(per "$out/ceiling-0.out" "$out/ceiling-$n.out" "$n")
+cat > "$out/instructions.json" <<JSON
+{"engine_typical": $typical, "engine_typical_distinct": $distinct, "engine_2x2000": $large,
+ "webhook_process": $webhook, "ceiling_process": $ceiling, "requests": $n, "iterations": $iterations}
+JSON
 echo "instructions per review (valgrind callgrind, Ir)"
-echo "  engine, typical pod:       $(per "$out/engine-typical-1.out" "$out/engine-typical-n.out" "$iterations")"
-echo "  engine, typical, distinct: $(per "$out/engine-typical-distinct-1.out" "$out/engine-typical-distinct-n.out" "$iterations")"
-echo "  engine, 2 x 2,000 env pod: $(per "$out/engine-2x2000-1.out" "$out/engine-2x2000-n.out" "$iterations")"
-echo "  webhook, whole process:    $(per "$out/webhook-0.out" "$out/webhook-$n.out" "$n")  (HTTP/1.1, 2 connections, $n requests)"
-echo "  ceiling, whole process:    $(per "$out/ceiling-0.out" "$out/ceiling-$n.out" "$n")"
+echo "  engine, typical pod:       $typical"
+echo "  engine, typical, distinct: $distinct"
+echo "  engine, 2 x 2,000 env pod: $large"
+echo "  webhook, whole process:    $webhook  (HTTP/1.1, 2 connections, $n requests)"
+echo "  ceiling, whole process:    $ceiling"
+echo "  (also in $out/instructions.json)"
 echo "profiles: $out/*.out (callgrind_annotate --inclusive=yes FILE | less)"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: release builds, then on 127.0.0.1 only and bounded in time:
-#   1. criterion: engine time as pods grow (benches/engine.rs), about a minute;
+#   1. criterion: engine time as pods grow (benches/engine.rs), about a minute; instruction
+#      counts per review under valgrind (bench/profile.sh), about two minutes;
 #   2. bench-run: the transport ceiling, the webhook and the peer (Istio's injector, built from
 #      the Go module proxy by bench/istio/build.sh and cached outside the checkout) under the
 #      same load generator, the large pod on webhook and peer, latency at half the ceiling rate,
@@ -21,6 +22,21 @@ cargo=${CARGO:-cargo}
 CRITERION_HOME="$out/criterion" timeout 300 \
   "$cargo" bench -p sidecar-injector --bench engine -- --noplot
 
+# Instruction counts per review under valgrind (callgrind), with the same release build: the
+# engine alone and whole processes. They repeat from run to run, unlike times here.
+instructions=()
+if command -v valgrind >/dev/null; then
+  if PROFILE_LINE_TABLES=0 PROFILE_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}" timeout 600 \
+    bash bench/profile.sh >"$out/profile.log" 2>&1; then
+    instructions=(--instructions "$out/profile/instructions.json")
+    tail -n 7 "$out/profile.log"
+  else
+    echo "WARNING: bench/profile.sh failed (see $out/profile.log): no instruction counts" >&2
+  fi
+else
+  echo "WARNING: valgrind is not installed: no instruction counts" >&2
+fi
+
 # Which code was measured: the commit, and whether src/ differed from it.
 revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- src 2>/dev/null || revision="$revision+uncommitted-src"
@@ -38,4 +54,5 @@ else
 fi
 
 timeout 600 "$cargo" run --release -q -p sidecar-injector-bench --bin bench-run -- \
-  --out "$out" --criterion "$out/criterion" --revision "$revision" "${peer[@]}" "$@"
+  --out "$out" --criterion "$out/criterion" --revision "$revision" "${peer[@]}" \
+  "${instructions[@]}" "$@"

@@ -129,7 +129,9 @@ pub fn answer_for(
     entry: Entry,
     body: &[u8],
 ) -> Result<Answer, ReviewError> {
-    if let Ok(review) = serde_json::from_slice::<ReviewView<'_>>(body)
+    // A body that is UTF-8 is read as a string: its strings need no second check.
+    if let Ok(text) = std::str::from_utf8(body)
+        && let Ok(review) = serde_json::from_str::<ReviewView<'_>>(text)
         && VERSIONS.contains(&review.api_version.as_str())
         && let Some(req) = &review.request
     {

@@ -298,29 +298,45 @@ impl MountView<'_> {
     }
 }
 
-/// The fields of a container the engine reads; the rest stays in [`ContainerView::raw`].
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ContainerFields<'a> {
-    #[serde(default, borrow)]
-    name: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    image: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    command: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    args: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    working_dir: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    ports: Option<&'a RawValue>,
-    #[serde(default, borrow)]
-    env: Option<Vec<NameView<'a>>>,
-    #[serde(default, borrow)]
-    volume_mounts: Option<Vec<MountView<'a>>>,
+/// An object's members as they came: each key with its value's JSON, in order.
+pub type Members<'a> = Vec<(Str<'a>, &'a RawValue)>;
+
+/// The object written back from its members (a repeated key stays repeated), for reading it
+/// the typed way.
+fn object_json(members: &Members<'_>) -> String {
+    let mut out = String::with_capacity(
+        members
+            .iter()
+            .map(|(k, v)| k.len() + v.get().len() + 4)
+            .sum::<usize>()
+            + 2,
+    );
+    out.push('{');
+    for (i, (k, v)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        // A key is a string: it always serializes.
+        out.push_str(&serde_json::to_string(k.as_str()).unwrap_or_default());
+        out.push(':');
+        out.push_str(v.get());
+    }
+    out.push('}');
+    out
 }
 
-/// A container: the fields the engine reads, and its JSON.
+fn present(raw: &RawValue) -> Option<&RawValue> {
+    (raw.get() != "null").then_some(raw)
+}
+
+/// Reads a member's value in the form `T`, as the error type of the outer deserializer.
+fn member<'a, T: Deserialize<'a>, E: serde::de::Error>(raw: &'a RawValue) -> Result<T, E> {
+    serde_json::from_str(raw.get()).map_err(E::custom)
+}
+
+/// A container: the fields the engine reads, and every member's JSON. The container is
+/// scanned once: each member is taken as raw JSON and only the ones the engine reads are read
+/// again (its name, env names, mount names and paths).
 #[derive(Clone, Debug)]
 pub struct ContainerView<'a> {
     pub name: Str<'a>,
@@ -333,33 +349,93 @@ pub struct ContainerView<'a> {
     pub ports: Option<&'a RawValue>,
     pub env: Option<Vec<NameView<'a>>>,
     pub volume_mounts: Option<Vec<MountView<'a>>>,
-    /// The whole container.
-    pub raw: &'a RawValue,
+    /// Every member.
+    pub members: Members<'a>,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for ContainerView<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let raw: &'a RawValue = Deserialize::deserialize(deserializer)?;
-        let f: ContainerFields<'a> =
-            serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
-        Ok(Self {
-            name: f.name.unwrap_or_default(),
-            image: f.image,
-            command: f.command,
-            args: f.args,
-            working_dir: f.working_dir,
-            ports: f.ports,
-            env: f.env,
-            volume_mounts: f.volume_mounts,
-            raw,
-        })
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = ContainerView<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a container")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut c = ContainerView {
+                    name: Str::default(),
+                    image: None,
+                    command: None,
+                    args: None,
+                    working_dir: None,
+                    ports: None,
+                    env: None,
+                    volume_mounts: None,
+                    members: Vec::with_capacity(16),
+                };
+                // A field the engine reads, given twice, is left to the typed road (k8s-openapi
+                // keeps the last; the view does not guess).
+                let mut read = 0u8;
+                while let Some(key) = map.next_key::<Str<'de>>()? {
+                    let raw: &'de RawValue = map.next_value()?;
+                    let bit = match key.as_str() {
+                        "name" => {
+                            c.name = member::<Option<Str<'de>>, _>(raw)?.unwrap_or_default();
+                            1
+                        }
+                        "image" => {
+                            c.image = present(raw);
+                            2
+                        }
+                        "command" => {
+                            c.command = present(raw);
+                            4
+                        }
+                        "args" => {
+                            c.args = present(raw);
+                            8
+                        }
+                        "workingDir" => {
+                            c.working_dir = present(raw);
+                            16
+                        }
+                        "ports" => {
+                            c.ports = present(raw);
+                            32
+                        }
+                        "env" => {
+                            c.env = member(raw)?;
+                            64
+                        }
+                        "volumeMounts" => {
+                            c.volume_mounts = member(raw)?;
+                            128
+                        }
+                        _ => 0,
+                    };
+                    if read & bit != 0 {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{}`",
+                            key.as_str()
+                        )));
+                    }
+                    read |= bit;
+                    c.members.push((key, raw));
+                }
+                Ok(c)
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
     }
 }
 
 impl ContainerView<'_> {
     /// The typed container (k8s-openapi), for a field-by-field comparison.
     pub fn typed(&self) -> Result<k8s_openapi::api::core::v1::Container, serde_json::Error> {
-        serde_json::from_str(self.raw.get())
+        serde_json::from_str(&object_json(&self.members))
     }
 }
 
@@ -373,8 +449,7 @@ pub struct VolumeView<'a> {
 impl<'de: 'a, 'a> Deserialize<'de> for VolumeView<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let raw: &'a RawValue = Deserialize::deserialize(deserializer)?;
-        let named: NameView<'a> =
-            serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
+        let named: NameView<'a> = member(raw)?;
         Ok(Self {
             name: named.name.unwrap_or_default(),
             raw,
@@ -427,7 +502,10 @@ pub fn pod_json(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<u8> {
 impl<'a> PodView<'a> {
     /// Reads a pod from JSON.
     pub fn parse(json: &'a [u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(json)
+        match std::str::from_utf8(json) {
+            Ok(text) => serde_json::from_str(text),
+            Err(_) => serde_json::from_slice(json),
+        }
     }
 
     pub fn meta(&self) -> &MetaView<'a> {
@@ -490,10 +568,8 @@ mod tests {
         ));
         assert_eq!(pod.label("a"), Some("bA"));
         assert_eq!(pod.containers()[0].name.as_str(), "app");
-        assert_eq!(
-            pod.containers()[0].raw.get(),
-            r#"{"name":"app","env":[{"name":"X"}]}"#
-        );
+        let typed = pod.containers()[0].typed().expect("typed");
+        assert_eq!(typed.env.map(|e| e.len()), Some(1));
     }
 
     #[test]
@@ -509,5 +585,13 @@ mod tests {
     fn a_repeated_field_or_a_wrong_type_is_not_read() {
         assert!(PodView::parse(br#"{"metadata":{"name":"a","name":"b"}}"#).is_err());
         assert!(PodView::parse(br#"{"spec":{"containers":[{"name":5}]}}"#).is_err());
+        assert!(PodView::parse(br#"{"spec":{"containers":[{"name":"a","name":"b"}]}}"#).is_err());
+        assert!(PodView::parse(br#"{"apiVersion":"v2"}"#).is_err());
+        assert!(PodView::parse(br#"{"kind":null}"#).is_err());
+        // A field the engine does not read may repeat: the typed container keeps the last.
+        let pod =
+            PodView::parse(br#"{"spec":{"containers":[{"name":"a","tty":true,"tty":false}]}}"#)
+                .expect("reads");
+        assert_eq!(pod.containers()[0].typed().expect("typed").tty, Some(false));
     }
 }

@@ -842,7 +842,7 @@ fn write_hostile(value: &Value, at: &str, target: &str, how: Hostile, out: &mut 
         Value::Object(m) => {
             out.push('{');
             let mut first = true;
-            let mut member = |out: &mut String, k: &str, v: &Value, first: &mut bool| {
+            let member = |out: &mut String, k: &str, v: &Value, first: &mut bool| {
                 if !*first {
                     out.push(',');
                 }
