@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use base64::Engine as _;
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, LocalObjectReference, Pod, Volume, VolumeMount,
 };
@@ -15,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Injector, NAMESPACE_ENABLED};
 use crate::overrides::BadValue;
-use crate::template::{Fragment, Owner, PodContext, TemplateError};
+use crate::template::{Fragment, Owner, Piece, PodContext, TemplateError};
 use crate::view::{ContainerView, PodView, SpecView, Str, StrMap, VolumeView};
 
 /// Why an opted-in pod was not injected.
@@ -832,7 +833,7 @@ fn fragment_hash(templates: &[Rendered]) -> String {
 #[derive(Debug, PartialEq)]
 pub struct Part<'p, T> {
     pub value: &'p T,
-    pub json: &'p str,
+    pub piece: &'p Piece,
 }
 
 impl<T> Clone for Part<'_, T> {
@@ -843,11 +844,11 @@ impl<T> Clone for Part<'_, T> {
 
 impl<T> Copy for Part<'_, T> {}
 
-fn parts<'p, T>(values: &'p [T], json: &'p [String]) -> impl Iterator<Item = Part<'p, T>> {
+fn parts<'p, T>(values: &'p [T], pieces: &'p [Piece]) -> impl Iterator<Item = Part<'p, T>> {
     values
         .iter()
-        .zip(json)
-        .map(|(value, json)| Part { value, json })
+        .zip(pieces)
+        .map(|(value, piece)| Part { value, piece })
 }
 
 /// One change to a pod. Indices refer to `spec.containers` of the pod as it arrived. Edits
@@ -1088,57 +1089,122 @@ pub fn apply(pod: &mut Pod, edits: &[Edit<'_>]) {
     }
 }
 
-/// A JSONPatch written straight into bytes, one `add` operation at a time.
-struct PatchWriter {
-    out: Vec<u8>,
+/// Where a patch goes: its JSON, or the base64 of that JSON (the form an AdmissionReview
+/// response carries), encoded as it is written.
+trait Sink {
+    fn text(&mut self, bytes: &[u8]);
+    /// An item of a fragment: its JSON, which starts at a multiple of 3 bytes into the patch.
+    fn piece(&mut self, piece: &Piece);
 }
 
-impl PatchWriter {
-    fn op(&mut self, path: &[&str], value: impl FnOnce(&mut Vec<u8>)) {
-        self.out.push(if self.out.is_empty() { b'[' } else { b',' });
-        self.out.extend_from_slice(br#"{"op":"add","path":""#);
+struct JsonSink(Vec<u8>);
+
+impl Sink for JsonSink {
+    fn text(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn piece(&mut self, piece: &Piece) {
+        self.0.extend_from_slice(piece.json.as_bytes());
+    }
+}
+
+/// Base64 written as the patch is: the bytes written since the last item are encoded when the
+/// next item comes, and the item's own base64 (encoded once, with its fragment) is copied.
+/// Every item starts at a multiple of 3 bytes and is a multiple of 3 bytes long, so the pieces
+/// of base64 join into the base64 of the whole.
+struct Base64Sink {
+    out: Vec<u8>,
+    pending: Vec<u8>,
+}
+
+impl Base64Sink {
+    fn flush(&mut self) {
+        let start = self.out.len();
+        self.out
+            .resize(start + self.pending.len().div_ceil(3) * 4, 0);
+        // Sized for the encoding above; it cannot run short.
+        let written = base64::engine::general_purpose::STANDARD
+            .encode_slice(&self.pending, &mut self.out[start..])
+            .unwrap_or(0);
+        self.out.truncate(start + written);
+        self.pending.clear();
+    }
+}
+
+impl Sink for Base64Sink {
+    fn text(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+    }
+    fn piece(&mut self, piece: &Piece) {
+        self.flush();
+        self.out.extend_from_slice(piece.b64.as_bytes());
+    }
+}
+
+/// A JSONPatch written straight into a sink, one `add` operation at a time. Before each item
+/// of a fragment, spaces (JSON whitespace, between tokens) bring the patch to a multiple of 3
+/// bytes.
+struct PatchWriter<S> {
+    sink: S,
+    len: usize,
+}
+
+impl<S: Sink> PatchWriter<S> {
+    fn text(&mut self, bytes: &[u8]) {
+        self.len += bytes.len();
+        self.sink.text(bytes);
+    }
+
+    fn piece(&mut self, piece: &Piece) {
+        let pad = (3 - self.len % 3) % 3;
+        self.text(&b"  "[..pad]);
+        self.sink.piece(piece);
+        self.len += piece.json.len();
+    }
+
+    fn op(&mut self, path: &[&str], value: impl FnOnce(&mut Self)) {
+        self.text(if self.len == 0 { b"[" } else { b"," });
+        self.text(br#"{"op":"add","path":""#);
         for token in path {
-            self.out.push(b'/');
+            self.text(b"/");
             // RFC 6901: `~` is written `~0` and `/` is written `~1`; then JSON string escaping.
             if token.contains(['~', '/']) {
                 let escaped = token.replace('~', "~0").replace('/', "~1");
-                write_json_str_body(&mut self.out, &escaped);
+                self.json_str_body(&escaped);
             } else {
-                write_json_str_body(&mut self.out, token);
+                self.json_str_body(token);
             }
         }
-        self.out.extend_from_slice(br#"","value":"#);
-        value(&mut self.out);
-        self.out.push(b'}');
+        self.text(br#"","value":"#);
+        value(self);
+        self.text(b"}");
     }
 
-    fn finish(mut self) -> Vec<u8> {
-        if self.out.is_empty() {
-            self.out.push(b'[');
+    /// A string's JSON escaping, without the quotes.
+    fn json_str_body(&mut self, s: &str) {
+        if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            self.text(s.as_bytes());
+            return;
         }
-        self.out.push(b']');
-        self.out
+        let mut quoted = Vec::with_capacity(s.len() + 8);
+        // Writing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut quoted, s);
+        self.text(&quoted[1..quoted.len().saturating_sub(1)]);
     }
-}
 
-/// A string's JSON escaping, without the quotes.
-fn write_json_str_body(out: &mut Vec<u8>, s: &str) {
-    if s.bytes()
-        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f)
-    {
-        out.extend_from_slice(s.as_bytes());
-        return;
+    fn json_str(&mut self, s: &str) {
+        self.text(b"\"");
+        self.json_str_body(s);
+        self.text(b"\"");
     }
-    let mut quoted = Vec::with_capacity(s.len() + 2);
-    // Writing a string into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut quoted, s);
-    out.extend_from_slice(&quoted[1..quoted.len().saturating_sub(1)]);
-}
 
-fn json_str(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
-    write_json_str_body(out, s);
-    out.push(b'"');
+    fn finish(mut self) -> S {
+        if self.len == 0 {
+            self.text(b"[");
+        }
+        self.text(b"]");
+        self.sink
+    }
 }
 
 /// Writes edits as a JSONPatch (its JSON bytes) against the pod they were planned for. Paths
@@ -1146,9 +1212,26 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
 /// array or map is created whole instead of appended to. Values are the fragment's JSON,
 /// encoded when it was rendered.
 pub fn to_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
-    let mut w = PatchWriter {
-        out: Vec::with_capacity(4096),
-    };
+    write_patch(pod, edits, JsonSink(Vec::with_capacity(4096))).0
+}
+
+/// [`to_patch`]'s bytes in base64, as an AdmissionReview response carries them, encoded as
+/// they are written: a fragment's items were encoded once, when it was rendered.
+pub fn to_patch_base64(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
+    let mut sink = write_patch(
+        pod,
+        edits,
+        Base64Sink {
+            out: Vec::with_capacity(8192),
+            pending: Vec::with_capacity(512),
+        },
+    );
+    sink.flush();
+    sink.out
+}
+
+fn write_patch<S: Sink>(pod: &PodView<'_>, edits: &[Edit<'_>], sink: S) -> S {
+    let mut w = PatchWriter { sink, len: 0 };
     let spec = pod.spec.as_ref();
     let has_init = spec.is_some_and(|s| s.init_containers.is_some());
     let has_volumes = spec.is_some_and(|s| s.volumes.is_some());
@@ -1159,11 +1242,11 @@ pub fn to_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
     let has_annotations = meta.is_some_and(|m| m.annotations.is_some());
     // Arrays created by an earlier edit of this patch: appended to from then on.
     let mut created: Vec<(&str, Option<usize>)> = Vec::new();
-    let mut append = |w: &mut PatchWriter,
+    let mut append = |w: &mut PatchWriter<S>,
                       exists: bool,
                       field: &'static str,
                       container: Option<usize>,
-                      json: &str| {
+                      piece: &Piece| {
         let digits = container.map(|i| i.to_string());
         let mut path = ["spec", "containers", "", field, "-"];
         let path: &mut [&str] = match &digits {
@@ -1179,13 +1262,13 @@ pub fn to_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
         let last = path.len() - 1;
         if exists || created.contains(&(field, container)) {
             path[last] = "-";
-            w.op(path, |out| out.extend_from_slice(json.as_bytes()));
+            w.op(path, |w| w.piece(piece));
         } else {
             created.push((field, container));
-            w.op(&path[..last], |out| {
-                out.push(b'[');
-                out.extend_from_slice(json.as_bytes());
-                out.push(b']');
+            w.op(&path[..last], |w| {
+                w.text(b"[");
+                w.piece(piece);
+                w.text(b"]");
             });
         }
     };
@@ -1197,38 +1280,36 @@ pub fn to_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
                 if has_init {
                     for (i, c) in cs.iter().enumerate() {
                         let i = i.to_string();
-                        w.op(&["spec", "initContainers", &i], |out| {
-                            out.extend_from_slice(c.json.as_bytes())
-                        });
+                        w.op(&["spec", "initContainers", &i], |w| w.piece(c.piece));
                     }
                 } else {
-                    w.op(&["spec", "initContainers"], |out| {
-                        out.push(b'[');
+                    w.op(&["spec", "initContainers"], |w| {
+                        w.text(b"[");
                         for (i, c) in cs.iter().enumerate() {
                             if i > 0 {
-                                out.push(b',');
+                                w.text(b",");
                             }
-                            out.extend_from_slice(c.json.as_bytes());
+                            w.piece(c.piece);
                         }
-                        out.push(b']');
+                        w.text(b"]");
                     });
                 }
             }
-            Edit::AppendContainer(c) => append(&mut w, true, "containers", None, c.json),
-            Edit::AddVolume(v) => append(&mut w, has_volumes, "volumes", None, v.json),
+            Edit::AppendContainer(c) => append(&mut w, true, "containers", None, c.piece),
+            Edit::AddVolume(v) => append(&mut w, has_volumes, "volumes", None, v.piece),
             Edit::AddImagePullSecret(s) => {
-                append(&mut w, has_secrets, "imagePullSecrets", None, s.json)
+                append(&mut w, has_secrets, "imagePullSecrets", None, s.piece)
             }
             Edit::AddVolumeMount {
                 container: i,
                 mount,
             } => {
                 let exists = container(*i).is_some_and(|c| c.volume_mounts.is_some());
-                append(&mut w, exists, "volumeMounts", Some(*i), mount.json);
+                append(&mut w, exists, "volumeMounts", Some(*i), mount.piece);
             }
             Edit::AddEnv { container: i, env } => {
                 let exists = container(*i).is_some_and(|c| c.env.is_some());
-                append(&mut w, exists, "env", Some(*i), env.json);
+                append(&mut w, exists, "env", Some(*i), env.piece);
             }
             Edit::SetLabel { key, value } => {
                 set_entry(&mut w, has_labels, &mut map_created.0, "labels", key, value);
@@ -1248,8 +1329,8 @@ pub fn to_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
     w.finish()
 }
 
-fn set_entry(
-    w: &mut PatchWriter,
+fn set_entry<S: Sink>(
+    w: &mut PatchWriter<S>,
     exists: bool,
     created: &mut bool,
     map: &str,
@@ -1258,16 +1339,16 @@ fn set_entry(
 ) {
     if !exists && !*created {
         *created = true;
-        w.op(&["metadata", map], |out| {
-            out.push(b'{');
-            json_str(out, key);
-            out.push(b':');
-            json_str(out, value);
-            out.push(b'}');
+        w.op(&["metadata", map], |w| {
+            w.text(b"{");
+            w.json_str(key);
+            w.text(b":");
+            w.json_str(value);
+            w.text(b"}");
         });
     } else {
         // `add` on an existing member replaces it, which is what the status annotation needs.
-        w.op(&["metadata", map, key], |out| json_str(out, value));
+        w.op(&["metadata", map, key], |w| w.json_str(value));
     }
 }
 

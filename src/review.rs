@@ -9,7 +9,8 @@ use serde::Deserialize;
 
 use crate::config::{Injector, ValidationMode};
 use crate::inject::{
-    Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits, to_patch,
+    Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits,
+    to_patch_base64,
 };
 use crate::validate::{denial_message, findings, sidecars_changed};
 use crate::view::{PodView, ReviewView};
@@ -463,7 +464,7 @@ fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_js
             if edits.is_empty() {
                 return Ok((response, None, Outcome::Allowed, Vec::new()));
             }
-            let patch = to_patch(pod, &edits);
+            let patch = to_patch_base64(pod, &edits);
             let mut names = String::new();
             let mut injected = Vec::with_capacity(plan.templates.len());
             for t in &plan.templates {
@@ -615,22 +616,21 @@ fn problems_or_none(
     }
 }
 
-/// The response review's bytes. An allowed response (every answer with a patch) is written
-/// straight into one buffer, patch and all; any other goes through [`encode`]. Both write the
-/// same bytes for the same response (a test holds them equal).
-pub fn finish(response: AdmissionResponse, patch: Option<&[u8]>) -> Vec<u8> {
+/// The response review's bytes, with the patch given in base64. An allowed response (every
+/// answer with a patch) is written straight into one buffer; any other goes through
+/// [`encode`]. Both write the same bytes for the same response (a test holds them equal).
+pub fn finish(response: AdmissionResponse, patch_base64: Option<&[u8]>) -> Vec<u8> {
     if !response.allowed || response.result != Status::default() {
         return encode(response);
     }
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let patch_len = patch.map_or(0, |p| p.len().div_ceil(3) * 4);
+    let patch_len = patch_base64.map_or(0, <[u8]>::len);
     let mut out = Vec::with_capacity(256 + patch_len + response.uid.len());
     out.extend_from_slice(br#"{"apiVersion":"#);
     json_str(&mut out, &response.types.api_version);
     out.extend_from_slice(br#","kind":"AdmissionReview","response":{"uid":"#);
     json_str(&mut out, &response.uid);
     out.extend_from_slice(br#","allowed":true,"status":{}"#);
-    if patch.is_some() {
+    if patch_base64.is_some() {
         out.extend_from_slice(br#","patchType":"JSONPatch""#);
     }
     if !response.audit_annotations.is_empty() {
@@ -655,14 +655,9 @@ pub fn finish(response: AdmissionResponse, patch: Option<&[u8]>) -> Vec<u8> {
         }
         out.push(b']');
     }
-    if let Some(patch) = patch {
+    if let Some(patch) = patch_base64 {
         out.extend_from_slice(br#","patch":""#);
-        let start = out.len();
-        out.resize(start + patch_len, 0);
-        // The buffer was sized for the encoding; a failure would leave a short answer that
-        // the tests catch, never a panic.
-        let written = b64.encode_slice(patch, &mut out[start..]).unwrap_or(0);
-        out.truncate(start + written);
+        out.extend_from_slice(patch);
         out.push(b'"');
     }
     out.extend_from_slice(b"}}");
@@ -720,7 +715,9 @@ mod tests {
                         if let Some((k, v)) = audit {
                             response.audit_annotations.insert(k.into(), v.into());
                         }
-                        let straight = finish(response.clone(), with_patch.then_some(patch));
+                        let b64 = base64::engine::general_purpose::STANDARD.encode(patch);
+                        let straight =
+                            finish(response.clone(), with_patch.then_some(b64.as_bytes()));
                         let general = if with_patch {
                             let ops: json_patch::Patch =
                                 serde_json::from_slice(patch).expect("a patch");

@@ -52,19 +52,35 @@ pub struct Fragment {
 /// The JSON of each item of a [`Fragment`], index for index.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Encoded {
-    pub containers: Vec<String>,
-    pub init_containers: Vec<String>,
-    pub volumes: Vec<String>,
-    pub volume_mounts: Vec<String>,
-    pub env: Vec<String>,
-    pub image_pull_secrets: Vec<String>,
+    pub containers: Vec<Piece>,
+    pub init_containers: Vec<Piece>,
+    pub volumes: Vec<Piece>,
+    pub volume_mounts: Vec<Piece>,
+    pub env: Vec<Piece>,
+    pub image_pull_secrets: Vec<Piece>,
 }
 
-fn encode_each<T: Serialize>(items: &[T]) -> Vec<String> {
-    // k8s-openapi types always serialize.
+/// One item's JSON, with trailing spaces to a multiple of 3 bytes, and its base64: a patch
+/// that places it at a multiple of 3 bytes copies the base64 instead of encoding it again.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Piece {
+    pub json: String,
+    pub b64: String,
+}
+
+fn encode_each<T: Serialize>(items: &[T]) -> Vec<Piece> {
+    use base64::Engine as _;
     items
         .iter()
-        .map(|item| serde_json::to_string(item).unwrap_or_default())
+        .map(|item| {
+            // k8s-openapi types always serialize.
+            let mut json = serde_json::to_string(item).unwrap_or_default();
+            while json.len() % 3 != 0 {
+                json.push(' ');
+            }
+            let b64 = base64::engine::general_purpose::STANDARD.encode(&json);
+            Piece { json, b64 }
+        })
         .collect()
 }
 

@@ -17,7 +17,7 @@ use proptest::sample::Index;
 use serde_json::{Map, Value, json};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
 use sidecar_injector::inject::{
-    Decision, InjectError, Plan, PodFacts, apply, decide, plan_edits, to_patch,
+    Decision, InjectError, Plan, PodFacts, apply, decide, plan_edits, to_patch, to_patch_base64,
 };
 use sidecar_injector::outdated::check::{PodState, check};
 use sidecar_injector::review::{Webhook, answer};
@@ -469,8 +469,15 @@ proptest! {
             apply(&mut applied, &edits);
 
             let mut json = serde_json::to_value(&pod).expect("pods serialize");
+            let bytes = to_patch(&view, &edits);
+            // The base64 written piece by piece is the base64 of the whole.
+            let written = to_patch_base64(&view, &edits);
+            prop_assert_eq!(
+                String::from_utf8_lossy(&written),
+                base64::engine::general_purpose::STANDARD.encode(&bytes)
+            );
             let patch: json_patch::Patch =
-                serde_json::from_slice(&to_patch(&view, &edits)).expect("the patch is a JSONPatch");
+                serde_json::from_slice(&bytes).expect("the patch is a JSONPatch");
             if let Err(e) = json_patch::patch(&mut json, &patch) {
                 return Err(TestCaseError::fail(format!("{e}: {patch:?}")));
             }
