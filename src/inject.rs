@@ -1180,16 +1180,29 @@ impl<S: Sink> PatchWriter<S> {
         self.text(b"}");
     }
 
-    /// A string's JSON escaping, without the quotes.
+    /// A string's JSON escaping, without the quotes: `"` and `\\` escaped here, a control
+    /// character as serde_json escapes it.
     fn json_str_body(&mut self, s: &str) {
-        if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
-            self.text(s.as_bytes());
-            return;
+        let bytes = s.as_bytes();
+        let mut start = 0;
+        for (i, &b) in bytes.iter().enumerate() {
+            if b != b'"' && b != b'\\' && b >= 0x20 {
+                continue;
+            }
+            self.text(&bytes[start..i]);
+            match b {
+                b'"' => self.text(b"\\\""),
+                b'\\' => self.text(b"\\\\"),
+                control => {
+                    let mut quoted = Vec::with_capacity(8);
+                    // Writing a string into a Vec cannot fail.
+                    let _ = serde_json::to_writer(&mut quoted, &char::from(control).to_string());
+                    self.text(&quoted[1..quoted.len().saturating_sub(1)]);
+                }
+            }
+            start = i + 1;
         }
-        let mut quoted = Vec::with_capacity(s.len() + 8);
-        // Writing a string into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut quoted, s);
-        self.text(&quoted[1..quoted.len().saturating_sub(1)]);
+        self.text(&bytes[start..]);
     }
 
     fn json_str(&mut self, s: &str) {

@@ -139,7 +139,8 @@ pub fn answer_for(
         let r = Req {
             api_version: &review.api_version,
             uid: &req.uid,
-            kind: &req.kind,
+            group: &req.kind.group,
+            kind: &req.kind.kind,
             sub_resource: req.sub_resource(),
             name: req.name(),
             namespace: req.namespace(),
@@ -181,7 +182,8 @@ pub fn answer_typed(
     let r = Req {
         api_version: &req.types.api_version,
         uid: &req.uid,
-        kind: &req.kind,
+        group: &req.kind.group,
+        kind: &req.kind.kind,
         sub_resource: req.sub_resource.as_deref().unwrap_or(""),
         name: &req.name,
         namespace: req.namespace.as_deref(),
@@ -218,7 +220,9 @@ fn unreadable(req: &AdmissionRequest<Pod>, error: &serde_json::Error) -> Answer 
 struct Req<'a> {
     api_version: &'a str,
     uid: &'a str,
-    kind: &'a kube::core::GroupVersionKind,
+    /// The group and kind of the object.
+    group: &'a str,
+    kind: &'a str,
     sub_resource: &'a str,
     name: &'a str,
     namespace: Option<&'a str>,
@@ -356,7 +360,7 @@ fn pod_name(r: &Req<'_>) -> String {
 }
 
 fn is_pod(r: &Req<'_>) -> bool {
-    r.kind.group.is_empty() && r.kind.kind == "Pod" && r.sub_resource.is_empty()
+    r.group.is_empty() && r.kind == "Pod" && r.sub_resource.is_empty()
 }
 
 fn deny(

@@ -181,6 +181,8 @@ pub struct TemplateSet {
     cache: RenderCache,
     /// The annotations each template declares it reads.
     overrides: BTreeMap<String, Declared>,
+    /// Per template, its overrides when the pod sets none (checked once, at load).
+    defaults: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
     owned: Owned,
 }
 
@@ -306,8 +308,19 @@ impl TemplateSet {
             values: Value::from_serialize(values),
             cache: RenderCache::default(),
             overrides: declared,
+            defaults: BTreeMap::new(),
             owned: Owned::default(),
         };
+        let none: BTreeMap<String, String> = BTreeMap::new();
+        for name in &set.names {
+            let defaults =
+                set.overrides_for(name, &none)
+                    .map_err(|e| TemplateError::Overrides {
+                        file: file_name(name),
+                        detail: e.to_string(),
+                    })?;
+            set.defaults.insert(name.clone(), defaults);
+        }
         set.owned = set.check_samples()?;
         Ok(set)
     }
@@ -437,7 +450,18 @@ impl TemplateSet {
         V: AsRef<str>,
     {
         match self.overrides.get(name) {
-            Some(declared) => overrides::resolve(declared, annotations),
+            // Most pods set none of a template's override annotations: the defaults apply.
+            Some(declared)
+                if declared
+                    .keys()
+                    .any(|a| annotations.contains_key(a.as_str())) =>
+            {
+                overrides::resolve(declared, annotations)
+            }
+            Some(declared) => match self.defaults.get(name) {
+                Some(defaults) => Ok(defaults.clone()),
+                None => overrides::resolve(declared, annotations),
+            },
             None => Ok(BTreeMap::new()),
         }
     }

@@ -75,30 +75,31 @@ pub struct ReviewView<'a> {
 }
 
 /// The request of a review (see `kube::core::admission::AdmissionRequest`, whose required fields
-/// it requires).
+/// it requires, read with the same types but borrowed).
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RequestView<'a> {
     #[serde(borrow)]
     pub uid: Str<'a>,
-    pub kind: kube::core::GroupVersionKind,
-    #[serde(rename = "resource")]
-    _resource: kube::core::GroupVersionResource,
+    #[serde(borrow)]
+    pub kind: Gvk<'a>,
+    #[serde(borrow, rename = "resource")]
+    _resource: Gvr<'a>,
     #[serde(default, borrow)]
     pub sub_resource: Option<Str<'a>>,
-    #[serde(default, rename = "requestKind")]
-    _request_kind: Option<kube::core::GroupVersionKind>,
-    #[serde(default, rename = "requestResource")]
-    _request_resource: Option<kube::core::GroupVersionResource>,
-    #[serde(default, rename = "requestSubResource")]
-    _request_sub_resource: Option<String>,
+    #[serde(default, borrow, rename = "requestKind")]
+    _request_kind: Option<Gvk<'a>>,
+    #[serde(default, borrow, rename = "requestResource")]
+    _request_resource: Option<Gvr<'a>>,
+    #[serde(default, borrow, rename = "requestSubResource")]
+    _request_sub_resource: Option<Str<'a>>,
     #[serde(default, borrow)]
     pub name: Option<Str<'a>>,
     #[serde(default, borrow)]
     pub namespace: Option<Str<'a>>,
     pub operation: kube::core::admission::Operation,
-    #[serde(rename = "userInfo")]
-    _user_info: k8s_openapi::api::authentication::v1::UserInfo,
+    #[serde(borrow, rename = "userInfo")]
+    _user_info: UserInfo<'a>,
     #[serde(default, borrow)]
     pub object: Option<PodView<'a>>,
     #[serde(default, borrow)]
@@ -107,6 +108,43 @@ pub struct RequestView<'a> {
     _dry_run: bool,
     #[serde(default, rename = "options")]
     _options: Option<k8s_openapi::apimachinery::pkg::runtime::RawExtension>,
+}
+
+/// `kube::core::GroupVersionKind`, borrowed.
+#[derive(Debug, Deserialize)]
+pub struct Gvk<'a> {
+    #[serde(borrow)]
+    pub group: Str<'a>,
+    #[serde(borrow)]
+    pub version: Str<'a>,
+    #[serde(borrow)]
+    pub kind: Str<'a>,
+}
+
+/// `kube::core::GroupVersionResource`, borrowed.
+#[derive(Debug, Deserialize)]
+struct Gvr<'a> {
+    #[serde(borrow, rename = "group")]
+    _group: Str<'a>,
+    #[serde(borrow, rename = "version")]
+    _version: Str<'a>,
+    #[serde(borrow, rename = "resource")]
+    _resource: Str<'a>,
+    #[serde(default, borrow, rename = "api_version")]
+    _api_version: Str<'a>,
+}
+
+/// `k8s_openapi::api::authentication::v1::UserInfo`, borrowed.
+#[derive(Debug, Deserialize)]
+struct UserInfo<'a> {
+    #[serde(default, borrow, rename = "username")]
+    _username: Option<Str<'a>>,
+    #[serde(default, borrow, rename = "uid")]
+    _uid: Option<Str<'a>>,
+    #[serde(default, borrow, rename = "groups")]
+    _groups: Option<Vec<Str<'a>>>,
+    #[serde(default, borrow, rename = "extra")]
+    _extra: Option<BTreeMap<Str<'a>, Vec<Str<'a>>>>,
 }
 
 impl RequestView<'_> {
