@@ -17,9 +17,9 @@ build: ## Debug build.
 release: ## Release build of the binary.
 	$(CARGO) build --release --bin sidecar-injector
 
-lint: ## Formatting and clippy, warnings as errors.
+lint: ## Formatting and clippy on every package of the workspace (root, bench, e2e), warnings as errors.
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 test-unit: ## Unit, golden, property, CLI, server and hostile-client tests, and a 3-second fuzz pass.
 	$(CARGO) test
