@@ -79,11 +79,6 @@ impl Good {
     }
 }
 
-fn injected(body: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .is_ok_and(|v| v["response"]["allowed"] == true && v["response"]["patch"].is_string())
-}
-
 /// The server's resident memory once warmed up by a few good requests.
 async fn baseline(server: &ServerProcess) -> f64 {
     for i in 0..4 {
@@ -686,71 +681,21 @@ async fn sigterm_with_hostile_clients_connected_loses_nothing() {
         s.flush().await.unwrap();
         hostile.push(s);
     }
-    let answered = Arc::new(AtomicUsize::new(0));
-    let refused = Arc::new(AtomicUsize::new(0));
-    let lost = Arc::new(Mutex::new(Vec::new()));
-    let mut clients = Vec::new();
-    for c in 0..6 {
-        let (ca, answered, refused, lost) =
-            (ca.clone(), answered.clone(), refused.clone(), lost.clone());
-        clients.push(tokio::spawn(async move {
-            let mut sender = None;
-            for i in 0..5_000 {
-                if sender.is_none() {
-                    let Ok(stream) = connect(addr, &ca, &[b"http/1.1"]).await else {
-                        refused.fetch_add(1, Ordering::SeqCst);
-                        return;
-                    };
-                    let (s, conn) =
-                        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                            .await
-                            .unwrap();
-                    tokio::spawn(conn);
-                    sender = Some(s);
-                }
-                let s = sender.as_mut().unwrap();
-                if s.ready().await.is_err() {
-                    sender = None;
-                    continue;
-                }
-                match send(s, "/mutate", review(&format!("{c}-{i}"))).await {
-                    Ok((StatusCode::OK, body)) if injected(&body) => {
-                        answered.fetch_add(1, Ordering::SeqCst);
-                    }
-                    other => {
-                        lost.lock()
-                            .unwrap()
-                            .push(format!("client {c} request {i}: {other:?}"));
-                        sender = None;
-                    }
-                }
-            }
-        }));
-    }
+    let clients = KeepAliveClients::start(addr, &ca, 6);
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert!(
-        answered.load(Ordering::SeqCst) > 0,
+        clients.answered.load(Ordering::SeqCst) > 0,
         "no request answered before SIGTERM"
     );
     // Read before the signal: once drained, the process is gone.
     assert_bounded(&server, "SIGTERM", base);
     let term = Instant::now();
     server.sigterm();
-    for c in clients {
-        tokio::time::timeout(Duration::from_secs(30), c)
-            .await
-            .expect("clients finish")
-            .unwrap();
-    }
+    let (answered, refused, lost) = clients.finish().await;
     let (status, log) = tokio::task::spawn_blocking(move || server.wait(Duration::from_secs(30)))
         .await
         .unwrap();
     let exited = term.elapsed();
-    let (answered, refused) = (
-        answered.load(Ordering::SeqCst),
-        refused.load(Ordering::SeqCst),
-    );
-    let lost = lost.lock().unwrap();
     eprintln!(
         "SIGTERM: answered {answered}, refused {refused}, lost {}, exit after {exited:?}",
         lost.len()

@@ -1,9 +1,11 @@
-//! Shared helpers for the server tests: certificates, a TLS client, review bodies.
+//! Shared helpers for the server tests: certificates, a TLS client, review bodies, the real
+//! binary as a child process, and keep-alive clients for load under a drain.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -124,11 +126,23 @@ pub async fn send(
     body: Vec<u8>,
 ) -> std::io::Result<(StatusCode, Bytes)> {
     sender.ready().await.map_err(io)?;
-    let req = Request::post(path)
+    let response = sender
+        .send_request(post_request(path, body))
+        .await
+        .map_err(io)?;
+    status_and_body(response).await
+}
+
+fn post_request(path: &str, body: Vec<u8>) -> Request<Full<Bytes>> {
+    Request::post(path)
         .header("host", "localhost")
         .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let response = sender.send_request(req).await.map_err(io)?;
+        .unwrap()
+}
+
+async fn status_and_body(
+    response: http::Response<hyper::body::Incoming>,
+) -> std::io::Result<(StatusCode, Bytes)> {
     let status = response.status();
     Ok((
         status,
@@ -150,17 +164,12 @@ pub async fn post_h2(
             .await
             .map_err(io)?;
     tokio::spawn(conn);
-    let req = Request::post(path)
-        .header("host", "localhost")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let response = sender.send_request(req).await.map_err(io)?;
-    let status = response.status();
-    Ok((
-        status,
-        response.into_body().collect().await.map_err(io)?.to_bytes(),
-        alpn,
-    ))
+    let response = sender
+        .send_request(post_request(path, body))
+        .await
+        .map_err(io)?;
+    let (status, body) = status_and_body(response).await?;
+    Ok((status, body, alpn))
 }
 
 pub fn io(e: impl std::error::Error + Send + Sync + 'static) -> std::io::Error {
@@ -203,6 +212,97 @@ pub fn review(uid: &str) -> Vec<u8> {
         }
     }))
     .unwrap()
+}
+
+/// Whether a review's answer allows the pod with a patch (the opted-in pod was injected).
+pub fn injected(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .is_ok_and(|v| v["response"]["allowed"] == true && v["response"]["patch"].is_string())
+}
+
+/// Keep-alive HTTP/1.1 clients posting reviews, each reconnecting when the server closes its
+/// connection, as the API server's client does, and stopping for good once a connection is
+/// refused (the listener has closed). Bounded: at most 5,000 requests per client.
+pub struct KeepAliveClients {
+    pub answered: Arc<AtomicUsize>,
+    pub refused: Arc<AtomicUsize>,
+    /// A request not answered with an injected review: which one, and what came instead.
+    pub lost: Arc<Mutex<Vec<String>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl KeepAliveClients {
+    pub fn start(addr: SocketAddr, ca: &str, clients: usize) -> Self {
+        let answered = Arc::new(AtomicUsize::new(0));
+        let refused = Arc::new(AtomicUsize::new(0));
+        let lost = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let (ca, answered, refused, lost) = (
+                ca.to_owned(),
+                answered.clone(),
+                refused.clone(),
+                lost.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut sender = None;
+                for i in 0..5_000 {
+                    if sender.is_none() {
+                        // Listener closed: the server was never reached.
+                        let Ok(stream) = connect(addr, &ca, &[b"http/1.1"]).await else {
+                            refused.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        };
+                        let (s, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                            .await
+                            .unwrap();
+                        tokio::spawn(conn);
+                        sender = Some(s);
+                    }
+                    let s = sender.as_mut().unwrap();
+                    if s.ready().await.is_err() {
+                        // Closed after its last response (Connection: close): reconnect.
+                        sender = None;
+                        continue;
+                    }
+                    match send(s, "/mutate", review(&format!("{c}-{i}"))).await {
+                        Ok((StatusCode::OK, body)) if injected(&body) => {
+                            answered.fetch_add(1, Ordering::SeqCst);
+                        }
+                        other => {
+                            lost.lock()
+                                .unwrap()
+                                .push(format!("client {c} request {i}: {other:?}"));
+                            sender = None;
+                        }
+                    }
+                }
+            }));
+        }
+        Self {
+            answered,
+            refused,
+            lost,
+            tasks,
+        }
+    }
+
+    /// Waits (at most 30 s) for every client to stop; how many requests were answered and
+    /// refused, and the lost ones.
+    pub async fn finish(self) -> (usize, usize, Vec<String>) {
+        for task in self.tasks {
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("clients finish")
+                .unwrap();
+        }
+        let lost = std::mem::take(&mut *self.lost.lock().unwrap());
+        (
+            self.answered.load(Ordering::SeqCst),
+            self.refused.load(Ordering::SeqCst),
+            lost,
+        )
+    }
 }
 
 /// Polls `check` until it returns true, at most `limit`.
