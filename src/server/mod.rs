@@ -268,17 +268,7 @@ impl Server {
             reloader,
             ..
         } = self;
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_read_timeout)
-            .keep_alive(true);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .keep_alive_interval(Some(Duration::from_secs(20)));
-        let builder = Arc::new(builder);
+        let builder = Arc::new(http_builder(header_read_timeout));
         let drain = drain::Drain::new();
         let admin = tokio::spawn(serve_admin(admin_listener, state.clone(), builder.clone()));
         tokio::select! {
@@ -298,6 +288,23 @@ impl Server {
         admin.abort();
         Ok(())
     }
+}
+
+/// The HTTP/1.1 + HTTP/2 connection settings of both listeners: `header_read_timeout`
+/// for HTTP/1.1 requests, keep-alive, and HTTP/2 pings every 20 s. Public so the load
+/// benchmark's transport ceiling (bench/src/bin/ceiling.rs) serves with the same settings.
+pub fn http_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)));
+    builder
 }
 
 async fn accept_tls(

@@ -14,11 +14,10 @@ use bytes::Bytes;
 use clap::Parser;
 use http::{HeaderValue, Response, header};
 use http_body_util::{BodyExt as _, Full};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioIo;
 use sidecar_injector::config::Injector;
 use sidecar_injector::review::{self, Webhook};
-use sidecar_injector::server::tls;
+use sidecar_injector::server::{self, tls};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
@@ -86,18 +85,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(listener: TcpListener, acceptor: TlsAcceptor, answer: Bytes) {
-    // The webhook's builder settings (src/server/mod.rs).
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(5))
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(20)));
-    let builder = Arc::new(builder);
+    // The webhook's own connection settings, with its default header-read timeout.
+    let builder = Arc::new(server::http_builder(Duration::from_secs(5)));
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
