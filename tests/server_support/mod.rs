@@ -403,6 +403,36 @@ impl ServerProcess {
         assert!(status.success());
     }
 
+    /// Sends SIGTERM while `clients` are sending, waits for them and for the exit, and asserts
+    /// that the drain lost nothing: exit 0 after "drained; exiting", some requests answered
+    /// and, once the listener closed, some refused, none lost. Returns the time from the
+    /// signal to the exit.
+    pub async fn sigterm_loses_nothing(self, clients: KeepAliveClients) -> Duration {
+        let term = std::time::Instant::now();
+        self.sigterm();
+        let (answered, refused, lost) = clients.finish().await;
+        let (status, log) = tokio::task::spawn_blocking(move || self.wait(Duration::from_secs(30)))
+            .await
+            .unwrap();
+        let exited = term.elapsed();
+        eprintln!(
+            "SIGTERM: answered {answered}, refused {refused}, lost {}, exit after {exited:?}",
+            lost.len()
+        );
+        assert!(status.success(), "exit status {status:?}\n{log}");
+        assert!(log.contains("drained; exiting"), "{log}");
+        assert!(
+            answered > 0 && refused > 0,
+            "answered {answered}, refused {refused}"
+        );
+        assert!(
+            lost.is_empty(),
+            "requests lost: answered {answered}, refused {refused}:\n{}\n{log}",
+            lost.join("\n")
+        );
+        exited
+    }
+
     /// Waits for the process to exit (at most `limit`); its exit status and its log.
     pub fn wait(mut self, limit: Duration) -> (std::process::ExitStatus, String) {
         let deadline = std::time::Instant::now() + limit;
