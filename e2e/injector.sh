@@ -80,25 +80,13 @@ start() {
 }
 
 stop() {
-  local pid i
+  local pid
   if ! pid=$(running_pid); then
     rm -f "$PID_FILE"
     return 0
   fi
-  kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 150; i++)); do
-    running_pid >/dev/null || break
-    sleep 0.1
-  done
-  if running_pid >/dev/null; then
-    log "pid $pid ignored SIGTERM for 15s; sending SIGKILL"
-    kill -KILL "$pid" 2>/dev/null || true
-    sleep 0.5
-  fi
-  if running_pid >/dev/null; then
-    log "ERROR: pid $pid is still alive"
-    return 1
-  fi
+  # TERM, at most 15 s for the drain, then KILL.
+  cp_stop_pid "$pid" "$E2E_WORKDIR" sidecar-injector || return 1
   rm -f "$PID_FILE"
   log "stopped (pid $pid)"
 }

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Shared by e2e/run.sh (local control plane) and e2e/kind/run.sh (kind), so both run the
-# scenarios and count them the same way. Sourced, not run.
+# Shared by e2e/run.sh (local control plane), e2e/node/run.sh (a real node) and e2e/kind/run.sh
+# (kind), so they build, run and count the scenarios the same way. Sourced, not run.
 
 E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios)
 # An opted-in pod for server-side dry-run probes (pause image: nothing pulls it).
@@ -8,6 +8,56 @@ E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios)
 E2E_PROBE_POD='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"app","image":"registry.k8s.io/pause:3.10"}]}}'
 
 e2e_log() { printf '[e2e %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+
+# Prints cargo's target directory (where `cargo build` put the binaries).
+e2e_target_dir() { # cargo
+  local dir
+  dir=$("$1" metadata --format-version 1 --no-deps |
+    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+  [[ -n "$dir" ]] || { e2e_log "ERROR: cannot find cargo's target directory"; return 1; }
+  echo "$dir"
+}
+
+# Makes PKI/NAME.crt and PKI/NAME.key, a serving certificate for SANS (openssl's
+# subjectAltName syntax, e.g. "IP:127.0.0.1") signed by the cluster's CA. openssl's output
+# goes to LOG.
+e2e_serving_cert() { # ca-cert ca-key pki name sans log
+  local signer_cert=$1 signer_key=$2 pki=$3 name=$4 sans=$5 log=$6
+  {
+    openssl req -new -newkey rsa:2048 -nodes -keyout "$pki/$name.key" -out "$pki/$name.csr" \
+      -subj "/CN=$name"
+    printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+      "keyUsage=critical,digitalSignature,keyEncipherment" \
+      "extendedKeyUsage=serverAuth" "subjectAltName=$sans" >"$pki/$name.ext"
+    openssl x509 -req -in "$pki/$name.csr" -CA "$signer_cert" -CAkey "$signer_key" -CAcreateserial \
+      -days 2 -sha256 -extfile "$pki/$name.ext" -out "$pki/$name.crt"
+  } >>"$log" 2>&1
+}
+
+# True when no process whose command line names WORKDIR is left; else lists them (stderr).
+e2e_nothing_left_of() { # workdir
+  pgrep -f -- "$1/" >/dev/null || return 0
+  e2e_log "ERROR: processes left behind:"
+  pgrep -af -- "$1/" >&2 || true
+  return 1
+}
+
+# Removes WORKDIR after a pass (RC 0) unless KEEP_WORKDIR=1; otherwise says where it is.
+e2e_remove_or_keep_workdir() { # rc workdir
+  if (($1 == 0)) && [[ "${KEEP_WORKDIR:-0}" != 1 ]]; then
+    rm -rf "$2"
+  else
+    e2e_log "WORKDIR kept: $2 (logs/, audit.log)"
+  fi
+}
+
+# The closing line of a runner that skips nothing, printed once (the exit trap may come twice).
+E2E_REPORTED=0
+e2e_report() {
+  ((E2E_REPORTED)) && return 0
+  E2E_REPORTED=1
+  echo "$PASSED passed, $FAILED failed"
+}
 
 # Polls server-side dry-run creates of E2E_PROBE_POD in `default` until one comes back injected
 # (the webhooks are registered and answer), at most SECONDS. CURL is the admin curl (array

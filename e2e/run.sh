@@ -35,13 +35,6 @@ WORKDIR=""
 TOTAL=0
 PASSED=0
 FAILED=0
-REPORTED=0
-
-report() { # the closing line, once
-  ((REPORTED)) && return 0
-  REPORTED=1
-  echo "$PASSED passed, $FAILED failed"
-}
 
 cleanup() {
   local rc=$?
@@ -50,25 +43,15 @@ cleanup() {
   if [[ -n "$WORKDIR" ]]; then
     E2E_WORKDIR="$WORKDIR" "$HERE/injector.sh" stop || rc=1
     "$HERE/control-plane/down.sh" "$WORKDIR" >/dev/null || rc=1
-    if pgrep -f -- "$WORKDIR/" >/dev/null; then
-      log "ERROR: processes left behind:"
-      pgrep -af -- "$WORKDIR/" >&2 || true
-      rc=1
-    fi
+    e2e_nothing_left_of "$WORKDIR" || rc=1
   fi
   if ((rc != 0 && FAILED == 0)); then
     # Failed outside the scenarios (setup or teardown): the scenarios that did not run count.
     FAILED=$((TOTAL > PASSED ? TOTAL - PASSED : 1))
   fi
-  if [[ -n "$WORKDIR" ]]; then
-    if ((rc == 0)) && [[ "${KEEP_WORKDIR:-0}" != 1 ]]; then
-      rm -rf "$WORKDIR"
-    else
-      log "WORKDIR kept: $WORKDIR (logs/, audit.log)"
-    fi
-  fi
+  if [[ -n "$WORKDIR" ]]; then e2e_remove_or_keep_workdir "$rc" "$WORKDIR"; fi
   log "took $((SECONDS - START))s"
-  report
+  e2e_report
   exit "$rc"
 }
 trap cleanup EXIT
@@ -88,9 +71,7 @@ command -v helm >/dev/null || die "helm is missing after tools/install.sh"
 
 log "building the injector and the scenarios (debug profile)"
 "$CARGO" build --bin sidecar-injector
-TARGET_DIR=$("$CARGO" metadata --format-version 1 --no-deps |
-  sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-[[ -n "$TARGET_DIR" ]] || die "cannot find cargo's target directory"
+TARGET_DIR=$(e2e_target_dir "$CARGO") || exit 1
 INJECTOR_BIN="$TARGET_DIR/debug/sidecar-injector"
 [[ -x "$INJECTOR_BIN" ]] || die "$INJECTOR_BIN was not built"
 "$CARGO" test -p sidecar-injector-e2e --lib --quiet >/dev/null ||
@@ -107,6 +88,7 @@ log "WORKDIR $WORKDIR"
 CONTROL_PLANE_BIN_DIR="$BIN_DIR" "$HERE/control-plane/up.sh" "$WORKDIR" >/dev/null
 # shellcheck source=/dev/null
 . "$WORKDIR/env"
+# shellcheck disable=SC2153 # ADMIN_CERT comes from WORKDIR/env
 ADMIN_CURL=(curl --silent --show-error --fail --noproxy '*' --max-time 10
   --cacert "$CA_CERT" --cert "$ADMIN_CERT" --key "$ADMIN_KEY")
 VERSION=$("${ADMIN_CURL[@]}" "$APISERVER_URL/version" |
@@ -131,15 +113,8 @@ ADMIN_PORT=$(free_port)
 while [[ "$ADMIN_PORT" == "$PORT" ]]; do ADMIN_PORT=$(free_port); done
 
 PKI="$WORKDIR/pki"
-{
-  openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/injector.key" -out "$PKI/injector.csr" \
-    -subj "/CN=sidecar-injector-e2e"
-  printf '%s\n' "basicConstraints=critical,CA:FALSE" \
-    "keyUsage=critical,digitalSignature,keyEncipherment" \
-    "extendedKeyUsage=serverAuth" "subjectAltName=IP:127.0.0.1" >"$PKI/injector.ext"
-  openssl x509 -req -in "$PKI/injector.csr" -CA "$CA_CERT" -CAkey "$CA_KEY" -CAcreateserial \
-    -days 2 -sha256 -extfile "$PKI/injector.ext" -out "$PKI/injector.crt"
-} >>"$WORKDIR/logs/openssl.log" 2>&1 || die "cannot make the serving certificate (see $WORKDIR/logs/openssl.log)"
+e2e_serving_cert "$CA_CERT" "$CA_KEY" "$PKI" injector "IP:127.0.0.1" "$WORKDIR/logs/openssl.log" ||
+  die "cannot make the serving certificate (see $WORKDIR/logs/openssl.log)"
 
 export E2E_WORKDIR="$WORKDIR"
 export E2E_INJECTOR_BIN="$INJECTOR_BIN"

@@ -36,22 +36,26 @@ cp_stray_pids() { # workdir [component]
   done
 }
 
+# True once PID is no longer ours (cp_pid_is_ours), polled every 0.1 s at most TENTHS times.
+cp_gone_within() { # pid workdir tenths
+  local i
+  for ((i = 0; i < $3; i++)); do
+    cp_pid_is_ours "$1" "$2" || return 0
+    sleep 0.1
+  done
+  return 1
+}
+
 # Stop one pid: TERM, wait up to 15 s, then KILL.
 cp_stop_pid() { # pid workdir name
-  local pid=$1 workdir=$2 name=$3 i
+  local pid=$1 workdir=$2 name=$3
   cp_pid_is_ours "$pid" "$workdir" || return 0
   cp_log "stopping $name (pid $pid)"
   kill -TERM "$pid" 2>/dev/null || true
-  for ((i = 0; i < 150; i++)); do
-    cp_pid_is_ours "$pid" "$workdir" || return 0
-    sleep 0.1
-  done
+  cp_gone_within "$pid" "$workdir" 150 && return 0
   cp_log "$name (pid $pid) ignored SIGTERM for 15s; sending SIGKILL"
   kill -KILL "$pid" 2>/dev/null || true
-  for ((i = 0; i < 50; i++)); do
-    cp_pid_is_ours "$pid" "$workdir" || return 0
-    sleep 0.1
-  done
+  cp_gone_within "$pid" "$workdir" 50 && return 0
   cp_log "WARNING: $name (pid $pid) is still alive"
   return 1
 }

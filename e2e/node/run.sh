@@ -51,8 +51,7 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   log "building the release binary (for the image), the debug binary and the suite"
   "$CARGO" build --release --bin sidecar-injector
   "$CARGO" build --bin sidecar-injector
-  TARGET_DIR=$("$CARGO" metadata --format-version 1 --no-deps |
-    sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+  TARGET_DIR=$(e2e_target_dir "$CARGO") || exit 1
   E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test node)
   TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
   WORKDIR=$(mktemp -d -t sidecar-injector-node.XXXXXX)
@@ -63,9 +62,7 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   E2E_NODE_INSIDE=1 WORKDIR="$WORKDIR" BIN_DIR="$BIN_DIR" TARGET_DIR="$TARGET_DIR" TOTAL="$TOTAL" \
     unshare --net --mount --propagation private -- bash "$HERE/run.sh" || rc=$?
   # The namespace is gone once its last process is; anything naming WORKDIR still alive is a leak.
-  if pgrep -f -- "$WORKDIR/" >/dev/null; then
-    log "ERROR: processes left behind:"
-    pgrep -af -- "$WORKDIR/" >&2 || true
+  if ! e2e_nothing_left_of "$WORKDIR"; then
     pkill -KILL -f -- "$WORKDIR/" || true
     rc=1
   fi
@@ -77,11 +74,7 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
       rc=1
     fi
   done
-  if ((rc == 0)) && [[ "${KEEP_WORKDIR:-0}" != 1 ]]; then
-    rm -rf "$WORKDIR"
-  else
-    log "WORKDIR kept: $WORKDIR (logs/, audit.log)"
-  fi
+  e2e_remove_or_keep_workdir "$rc" "$WORKDIR"
   log "took $((SECONDS - START))s"
   exit "$rc"
 fi
@@ -91,12 +84,6 @@ fi
 E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test node)
 PASSED=0
 FAILED=0
-REPORTED=0
-report() {
-  ((REPORTED)) && return 0
-  REPORTED=1
-  echo "$PASSED passed, $FAILED failed"
-}
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -107,7 +94,7 @@ cleanup() {
   if ((rc != 0 && FAILED == 0)); then
     FAILED=$((TOTAL > PASSED ? TOTAL - PASSED : 1))
   fi
-  report
+  e2e_report
   exit "$rc"
 }
 trap cleanup EXIT
@@ -136,13 +123,7 @@ KUBECTL=(kubectl --kubeconfig "$KUBECONFIG")
 PKI="$WORKDIR/pki"
 SERVICE_DNS="$RELEASE.$RELEASE_NAMESPACE.svc"
 serving_cert() { # name SANs
-  openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/$1.key" -out "$PKI/$1.csr" \
-    -subj "/CN=$1" >>"$WORKDIR/logs/openssl.log" 2>&1
-  printf '%s\n' "basicConstraints=critical,CA:FALSE" \
-    "keyUsage=critical,digitalSignature,keyEncipherment" \
-    "extendedKeyUsage=serverAuth" "subjectAltName=$2" >"$PKI/$1.ext"
-  openssl x509 -req -in "$PKI/$1.csr" -CA "$CA_CERT" -CAkey "$CA_KEY" -CAcreateserial \
-    -days 2 -sha256 -extfile "$PKI/$1.ext" -out "$PKI/$1.crt" >>"$WORKDIR/logs/openssl.log" 2>&1
+  e2e_serving_cert "$CA_CERT" "$CA_KEY" "$PKI" "$1" "$2" "$WORKDIR/logs/openssl.log"
 }
 serving_cert in-cluster "DNS:$SERVICE_DNS,DNS:$RELEASE.$RELEASE_NAMESPACE.svc.cluster.local"
 "${KUBECTL[@]}" create namespace "$RELEASE_NAMESPACE" >/dev/null
