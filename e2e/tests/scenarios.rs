@@ -446,6 +446,17 @@ async fn create_with_adder(
     outcome
 }
 
+/// The adder's configuration was called once, in round 0, and mutated: its call's index.
+fn adders_one_call(record: &audit::Record, configuration: &str) -> anyhow::Result<u32> {
+    let calls: Vec<_> = record.calls_of(configuration).collect();
+    ensure!(
+        calls.len() == 1 && calls[0].round == 0 && calls[0].mutated,
+        "the adder should run once, in round 0, and mutate: {}",
+        record.describe()
+    );
+    Ok(calls[0].index)
+}
+
 /// 6. Reinvocation: with a second webhook that adds a container, our webhook runs again in
 /// round 1, each sidecar is stored once, and the added container gets our env and mounts, with
 /// the other webhook called before ours and after ours. What the apiserver did is read from the
@@ -468,17 +479,12 @@ async fn s06_reinvocation_converges() -> anyhow::Result<()> {
             let before = format!("a-e2e-adder-{}", cx.ns);
             let (pod, record) = create_with_adder(&cx, &adder, &before, "adder-first").await?;
             println!("adder before us: {}", record.describe());
-            let adder_calls: Vec<_> = record.calls_of(&before).collect();
+            let adder_index = adders_one_call(&record, &before)?;
             let our_calls: Vec<_> = record.calls_of(&ours).collect();
-            ensure!(
-                adder_calls.len() == 1 && adder_calls[0].round == 0 && adder_calls[0].mutated,
-                "the adder should run once, in round 0, and mutate: {}",
-                record.describe()
-            );
             ensure!(
                 our_calls
                     .iter()
-                    .any(|c| c.round == 0 && c.mutated && c.index > adder_calls[0].index),
+                    .any(|c| c.round == 0 && c.mutated && c.index > adder_index),
                 "we should inject in round 0, after the adder: {}",
                 record.describe()
             );
@@ -495,17 +501,12 @@ async fn s06_reinvocation_converges() -> anyhow::Result<()> {
             let after = format!("z-e2e-adder-{}", cx.ns);
             let (pod, record) = create_with_adder(&cx, &adder, &after, "adder-last").await?;
             println!("adder after us: {}", record.describe());
-            let adder_calls: Vec<_> = record.calls_of(&after).collect();
+            let adder_index = adders_one_call(&record, &after)?;
             let our_calls: Vec<_> = record.calls_of(&ours).collect();
-            ensure!(
-                adder_calls.len() == 1 && adder_calls[0].round == 0 && adder_calls[0].mutated,
-                "the adder should run once, in round 0, and mutate: {}",
-                record.describe()
-            );
             ensure!(
                 our_calls
                     .iter()
-                    .any(|c| c.round == 0 && c.mutated && c.index < adder_calls[0].index),
+                    .any(|c| c.round == 0 && c.mutated && c.index < adder_index),
                 "we should inject in round 0, before the adder: {}",
                 record.describe()
             );
@@ -763,6 +764,61 @@ async fn helm(cx: &sidecar_injector_e2e::cluster::Ctx, args: &[&str]) -> anyhow:
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// `helm install` of the chart in url mode and without its Deployment: its webhooks call `url`
+/// (a server on 127.0.0.1) and trust `ca`; each of `sets` is one more `--set`.
+async fn helm_install_url_mode(
+    cx: &sidecar_injector_e2e::cluster::Ctx,
+    release: &str,
+    release_ns: &str,
+    url: &str,
+    ca: &std::path::Path,
+    sets: &[&str],
+) -> anyhow::Result<String> {
+    let chart = cx.env.chart.display().to_string();
+    let url = format!("webhook.url={url}");
+    let ca_file = format!("certificates.existingSecret.caBundle={}", ca.display());
+    let mut args = vec![
+        "install",
+        release,
+        &chart,
+        "--namespace",
+        release_ns,
+        "--set",
+        &url,
+        "--set",
+        "deployment.enabled=false",
+        "--set",
+        "certificates.mode=existingSecret",
+        "--set-file",
+        &ca_file,
+        "--timeout",
+        "60s",
+    ];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    helm(cx, &args).await
+}
+
+async fn helm_uninstall(
+    cx: &sidecar_injector_e2e::cluster::Ctx,
+    release: &str,
+    release_ns: &str,
+) -> anyhow::Result<String> {
+    helm(
+        cx,
+        &[
+            "uninstall",
+            release,
+            "--namespace",
+            release_ns,
+            "--timeout",
+            "60s",
+        ],
+    )
+    .await
+}
+
 /// 11. The chart installs into this apiserver in url mode, its webhooks inject, and
 /// `helm uninstall` removes its webhook configurations.
 #[tokio::test]
@@ -770,7 +826,6 @@ async fn s11_helm_chart_in_url_mode() -> anyhow::Result<()> {
     scenario("s11-helm", &[Need::ServerUrl], |cx| async move {
         let url = cx.env.webhook_url.clone().context("no E2E_WEBHOOK_URL")?;
         let ca = cx.env.ca_cert.clone().context("no CA_CERT")?;
-        let chart = cx.env.chart.display().to_string();
         // The suite's own registration leaves alone namespaces labelled with its disabledLabel;
         // this release uses another label, so in the scenario's namespace only it injects.
         let main_disabled = "sidecar-injector.io/disabled";
@@ -794,29 +849,13 @@ async fn s11_helm_chart_in_url_mode() -> anyhow::Result<()> {
                 },
             )
             .await?;
-            let set_url = format!("webhook.url={url}");
-            let ca_file = format!("certificates.existingSecret.caBundle={}", ca.display());
-            let installed = helm(
+            let installed = helm_install_url_mode(
                 &cx,
-                &[
-                    "install",
-                    release,
-                    &chart,
-                    "--namespace",
-                    &release_ns,
-                    "--set",
-                    &set_url,
-                    "--set",
-                    "deployment.enabled=false",
-                    "--set",
-                    "certificates.mode=existingSecret",
-                    "--set-file",
-                    &ca_file,
-                    "--set",
-                    "webhook.disabledLabel=e2e.sidecar-injector.io/helm-disabled",
-                    "--timeout",
-                    "60s",
-                ],
+                release,
+                &release_ns,
+                &url,
+                &ca,
+                &["webhook.disabledLabel=e2e.sidecar-injector.io/helm-disabled"],
             )
             .await?;
             println!(
@@ -849,18 +888,7 @@ async fn s11_helm_chart_in_url_mode() -> anyhow::Result<()> {
                 );
             }
 
-            helm(
-                &cx,
-                &[
-                    "uninstall",
-                    release,
-                    "--namespace",
-                    &release_ns,
-                    "--timeout",
-                    "60s",
-                ],
-            )
-            .await?;
+            helm_uninstall(&cx, release, &release_ns).await?;
             ensure!(
                 mutating(&cx.client).get_opt(fullname).await?.is_none(),
                 "MutatingWebhookConfiguration {fullname} is left"
@@ -883,7 +911,7 @@ async fn s11_helm_chart_in_url_mode() -> anyhow::Result<()> {
         }
         .await;
         if outcome.is_err() {
-            let _ = helm(&cx, &["uninstall", release, "--namespace", &release_ns]).await;
+            let _ = helm_uninstall(&cx, release, &release_ns).await;
         }
         let _ = cx.delete_namespace(&release_ns).await;
         outcome
@@ -1087,7 +1115,6 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
         ],
         |cx| async move {
             let ca = cx.env.ca_cert.clone().context("no CA_CERT")?;
-            let chart = cx.env.chart.display().to_string();
             let release_ns = cx.extra_namespace("canary-release", &[]).await?;
             let stable_ns = cx
                 .extra_namespace("stable", &[(INJECT_LABEL, NAMESPACE_ENABLED)])
@@ -1105,29 +1132,13 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
             let fullname = "e2e-canary-sidecar-injector-canary";
             let (server, port) = Canary::start(&release_ns).await?;
             let outcome = async {
-                let url = format!("webhook.url=https://127.0.0.1:{port}");
-                let ca_file = format!("certificates.existingSecret.caBundle={}", ca.display());
-                helm(
+                helm_install_url_mode(
                     &cx,
-                    &[
-                        "install",
-                        release,
-                        &chart,
-                        "--namespace",
-                        &release_ns,
-                        "--set",
-                        "revision=canary",
-                        "--set",
-                        &url,
-                        "--set",
-                        "deployment.enabled=false",
-                        "--set",
-                        "certificates.mode=existingSecret",
-                        "--set-file",
-                        &ca_file,
-                        "--timeout",
-                        "60s",
-                    ],
+                    release,
+                    &release_ns,
+                    &format!("https://127.0.0.1:{port}"),
+                    &ca,
+                    &["revision=canary"],
                 )
                 .await?;
                 let m = mutating(&cx.client).get(fullname).await?;
@@ -1250,18 +1261,7 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
                 Ok(())
             }
             .await;
-            let uninstalled = helm(
-                &cx,
-                &[
-                    "uninstall",
-                    release,
-                    "--namespace",
-                    &release_ns,
-                    "--timeout",
-                    "60s",
-                ],
-            )
-            .await;
+            let uninstalled = helm_uninstall(&cx, release, &release_ns).await;
             drop(server);
             for ns in [&stable_ns, &canary_ns, &release_ns] {
                 let _ = cx.delete_namespace(ns).await;
