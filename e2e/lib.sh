@@ -52,10 +52,16 @@ e2e_remove_or_keep_workdir() { # rc workdir
 }
 
 # The closing line of a runner that skips nothing, printed once (the exit trap may come twice).
+# A run that failed (RC non-zero) outside the scenarios, in setup or teardown, counts the
+# scenarios that did not pass as failed (at least one).
 E2E_REPORTED=0
-e2e_report() {
+e2e_report() { # rc
   ((E2E_REPORTED)) && return 0
   E2E_REPORTED=1
+  if (($1 != 0 && FAILED == 0)); then
+    # shellcheck disable=SC2153 # TOTAL, PASSED and FAILED are the sourcing runner's
+    FAILED=$((TOTAL > PASSED ? TOTAL - PASSED : 1))
+  fi
   echo "$PASSED passed, $FAILED failed"
 }
 

@@ -45,13 +45,9 @@ cleanup() {
     "$HERE/control-plane/down.sh" "$WORKDIR" >/dev/null || rc=1
     e2e_nothing_left_of "$WORKDIR" || rc=1
   fi
-  if ((rc != 0 && FAILED == 0)); then
-    # Failed outside the scenarios (setup or teardown): the scenarios that did not run count.
-    FAILED=$((TOTAL > PASSED ? TOTAL - PASSED : 1))
-  fi
   if [[ -n "$WORKDIR" ]]; then e2e_remove_or_keep_workdir "$rc" "$WORKDIR"; fi
   log "took $((SECONDS - START))s"
-  e2e_report
+  e2e_report "$rc"
   exit "$rc"
 }
 trap cleanup EXIT

@@ -91,10 +91,7 @@ cleanup() {
   E2E_WORKDIR="$WORKDIR" "$E2E/injector.sh" stop || rc=1
   bash "$HERE/node.sh" down "$WORKDIR" || rc=1
   "$E2E/control-plane/down.sh" "$WORKDIR" >/dev/null || rc=1
-  if ((rc != 0 && FAILED == 0)); then
-    FAILED=$((TOTAL > PASSED ? TOTAL - PASSED : 1))
-  fi
-  e2e_report
+  e2e_report "$rc"
   exit "$rc"
 }
 trap cleanup EXIT
