@@ -296,19 +296,21 @@ impl<'a> PodFacts<'a> {
         let keep = |name: &str, listed: Option<&Vec<String>>| {
             !owned.sidecars.contains(name) && listed.is_none_or(|l| l.iter().any(|n| n == name))
         };
-        let mut shown = Shown::default();
-        shown.containers = self
-            .pod
-            .containers()
-            .iter()
-            .filter(|c| keep(&c.name, only.map(|o| &o.containers)))
-            .collect();
-        shown.init_containers = self
-            .pod
-            .init_containers()
-            .iter()
-            .filter(|c| keep(&c.name, only.map(|o| &o.init_containers)))
-            .collect();
+        let mut shown = Shown {
+            containers: self
+                .pod
+                .containers()
+                .iter()
+                .filter(|c| keep(&c.name, only.map(|o| &o.containers)))
+                .collect(),
+            init_containers: self
+                .pod
+                .init_containers()
+                .iter()
+                .filter(|c| keep(&c.name, only.map(|o| &o.init_containers)))
+                .collect(),
+            volumes: Vec::new(),
+        };
         for v in self.pod.spec.as_ref().map_or(&[][..], |s| s.volumes()) {
             if !owned.volumes.contains(v.name.as_str())
                 && only.is_none_or(|o| o.volumes.iter().any(|n| *n == *v.name))
