@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{Injector, NAMESPACE_ENABLED};
 use crate::overrides::BadValue;
-use crate::template::{Fragment, Owner, Piece, PodContext, TemplateError};
+use crate::template::{Fragment, Keys, Owner, Piece, PodContext, Reads, TemplateError};
 use crate::view::{ContainerView, PodView, SpecView, Str, StrMap, VolumeView};
 
 /// Why an opted-in pod was not injected.
@@ -322,27 +322,78 @@ impl<'a> PodFacts<'a> {
         Ok(shown)
     }
 
-    /// The key of the template context (see [`Self::context`]) for the render cache, built
-    /// from the request's own bytes: equal keys, equal contexts.
-    fn context_key(&self, inj: &Injector, shown: &Shown<'a>) -> Vec<u8> {
-        let mut key = Key(Vec::with_capacity(1024));
+    /// The key of the template context (see [`Self::context`]) for the render cache of a
+    /// template that reads `reads` of it, built from the request's own bytes: equal keys, equal
+    /// contexts as far as the template can tell.
+    fn context_key(&self, inj: &Injector, shown: &Shown<'a>, reads: &Reads) -> Vec<u8> {
+        let all = reads.all;
+        let wants = |keys: &Keys, key: &str| match keys {
+            Keys::All => true,
+            Keys::Some(set) => set.contains(key),
+            Keys::None => all,
+        };
+        let mut key = Key(Vec::with_capacity(512));
         key.0.push(b'V');
-        key.field(1, self.context_name().as_bytes());
-        key.field(2, self.pod.generate_name().as_bytes());
-        key.field(3, self.namespace.as_bytes());
-        for (k, v) in self.context_labels(inj) {
-            key.field(4, k.as_bytes());
-            key.field(5, v.as_bytes());
+        if all || reads.name {
+            key.field(1, self.context_name().as_bytes());
         }
-        for (k, v) in self.context_annotations(inj) {
-            key.field(6, k.as_bytes());
-            key.field(7, v.as_bytes());
+        if all || reads.generate_name {
+            key.field(2, self.pod.generate_name().as_bytes());
         }
-        key.field(8, self.service_account().as_bytes());
-        let owner = self.owner();
-        key.field(9, owner.kind.as_bytes());
-        key.field(10, owner.name.as_bytes());
-        for (tag, list) in [(11, &shown.containers), (12, &shown.init_containers)] {
+        if all || reads.namespace {
+            key.field(3, self.namespace.as_bytes());
+        }
+        // Labels and annotations: every entry, or each entry read, present or not.
+        let maps = [
+            (
+                4,
+                &reads.labels,
+                self.context_labels(inj).collect::<Vec<_>>(),
+            ),
+            (
+                6,
+                &reads.annotations,
+                self.context_annotations(inj).collect(),
+            ),
+        ];
+        for (tag, keys, entries) in maps {
+            match keys {
+                Keys::Some(read) if !all => {
+                    for k in read {
+                        key.field(tag, k.as_bytes());
+                        match entries.iter().find(|(have, _)| have == k) {
+                            Some((_, v)) => key.field(tag + 1, v.as_bytes()),
+                            None => key.field(40, b""),
+                        }
+                    }
+                }
+                Keys::None if !all => {}
+                _ => {
+                    for (k, v) in entries {
+                        key.field(tag, k.as_bytes());
+                        key.field(tag + 1, v.as_bytes());
+                    }
+                }
+            }
+        }
+        if all || reads.service_account {
+            key.field(8, self.service_account().as_bytes());
+        }
+        if all || reads.owner {
+            let owner = self.owner();
+            key.field(9, owner.kind.as_bytes());
+            key.field(10, owner.name.as_bytes());
+        }
+        let spec_keys = &reads.spec;
+        let lists = [
+            (11, "containers", &shown.containers),
+            (12, "initContainers", &shown.init_containers),
+        ];
+        for (tag, field, list) in lists {
+            if !wants(spec_keys, field) {
+                continue;
+            }
+            key.field(tag, b"");
             for c in list {
                 key.field(tag, c.name.as_bytes());
                 key.raw(13, c.image);
@@ -352,30 +403,49 @@ impl<'a> PodFacts<'a> {
                 key.raw(17, c.ports);
             }
         }
-        for v in &shown.volumes {
-            key.field(18, v.raw.get().as_bytes());
+        if wants(spec_keys, "volumes") {
+            for v in &shown.volumes {
+                key.field(18, v.raw.get().as_bytes());
+            }
         }
         if let Some(spec) = &self.pod.spec {
-            for (k, v) in spec.node_selector.iter().flatten() {
-                key.field(19, k.as_bytes());
-                key.field(20, v.as_bytes());
+            if wants(spec_keys, "nodeSelector") {
+                for (k, v) in spec.node_selector.iter().flatten() {
+                    key.field(19, k.as_bytes());
+                    key.field(20, v.as_bytes());
+                }
+                if spec.node_selector.is_some() {
+                    key.field(21, b"");
+                }
             }
-            if spec.node_selector.is_some() {
-                key.field(21, b"");
+            if wants(spec_keys, "securityContext") {
+                key.raw(22, spec.security_context);
             }
-            key.raw(22, spec.security_context);
-            if let Some(host) = spec.host_network {
+            if wants(spec_keys, "hostNetwork")
+                && let Some(host) = spec.host_network
+            {
                 key.field(23, &[u8::from(host)]);
             }
-            key.raw(24, spec.os);
-            key.text(25, spec.priority_class_name.as_ref());
-            key.text(26, spec.runtime_class_name.as_ref());
-            key.text(27, spec.restart_policy.as_ref());
-            if let Some(share) = spec.share_process_namespace {
+            if wants(spec_keys, "os") {
+                key.raw(24, spec.os);
+            }
+            let texts = [
+                (25, "priorityClassName", &spec.priority_class_name),
+                (26, "runtimeClassName", &spec.runtime_class_name),
+                (27, "restartPolicy", &spec.restart_policy),
+                (29, "hostname", &spec.hostname),
+                (30, "subdomain", &spec.subdomain),
+            ];
+            for (tag, field, value) in texts {
+                if wants(spec_keys, field) {
+                    key.text(tag, value.as_ref());
+                }
+            }
+            if wants(spec_keys, "shareProcessNamespace")
+                && let Some(share) = spec.share_process_namespace
+            {
                 key.field(28, &[u8::from(share)]);
             }
-            key.text(29, spec.hostname.as_ref());
-            key.text(30, spec.subdomain.as_ref());
         }
         key.0
     }
@@ -675,10 +745,10 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     let windows = cfg.skip.windows && facts.is_windows()?;
     let render = |only: Option<&Seen>| -> Result<(Vec<Rendered>, Vec<String>, Seen), InjectError> {
         let shown = facts.seen(inj, only)?;
-        let key = facts.context_key(inj, &shown);
         let mut templates = Vec::with_capacity(names.len());
         let mut notes = Vec::new();
         for (name, overrides) in names.iter().zip(&overrides) {
+            let key = facts.context_key(inj, &shown, inj.templates.reads(name));
             let fragment = inj.templates.render_with(name, &key, overrides, || {
                 facts.context(inj, &shown).map_err(InjectError::Unread)
             })?;

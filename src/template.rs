@@ -149,6 +149,107 @@ pub struct Owned {
     pub annotations: BTreeSet<String>,
 }
 
+/// What of the pod context a template reads, told from its source (minijinja's list of the
+/// variables it uses, with their attribute paths). The render cache keys a rendering by these
+/// parts alone, so that pods differing elsewhere (a new ReplicaSet's `pod-template-hash`, a
+/// `generateName`) share it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reads {
+    /// The whole context, or a use the analysis cannot follow (`pod` as a value, a variable
+    /// it does not know, an `include`, `import` or `extends` of another template).
+    pub all: bool,
+    pub name: bool,
+    pub generate_name: bool,
+    pub namespace: bool,
+    pub service_account: bool,
+    pub owner: bool,
+    pub labels: Keys,
+    pub annotations: Keys,
+    /// Fields of `pod.spec`.
+    pub spec: Keys,
+}
+
+/// Which entries of a map a template reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Keys {
+    #[default]
+    None,
+    Some(BTreeSet<String>),
+    All,
+}
+
+impl Keys {
+    fn add(&mut self, key: Option<&str>) {
+        match (key, &mut *self) {
+            (_, Keys::All) => {}
+            (None, _) => *self = Keys::All,
+            (Some(k), Keys::Some(keys)) => {
+                keys.insert(k.to_owned());
+            }
+            (Some(k), Keys::None) => *self = Keys::Some([k.to_owned()].into()),
+        }
+    }
+}
+
+/// Names a template may use besides the pod that read nothing of it: the configuration's
+/// values, the template's overrides, and minijinja's own functions (but not `debug`, which
+/// prints the whole context).
+const HARMLESS: &[&str] = &[
+    "values",
+    "overrides",
+    "namespace",
+    "range",
+    "dict",
+    "loop",
+    "lipsum",
+    "cycler",
+    "joiner",
+];
+
+/// Whether the source includes, imports or extends another template (whose reads the analysis
+/// of this one does not see).
+fn uses_other_templates(source: &str) -> bool {
+    source.match_indices("{%").any(|(at, _)| {
+        let tag = source[at + 2..].trim_start_matches(['-', '+']).trim_start();
+        ["include", "import", "from", "extends"].iter().any(|word| {
+            tag.strip_prefix(word)
+                .is_some_and(|rest| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_'))
+        })
+    })
+}
+
+/// What `template` (with this source) reads of the pod context.
+fn reads_of(template: &minijinja::Template<'_, '_>, source: &str) -> Reads {
+    let mut reads = Reads {
+        all: uses_other_templates(source),
+        ..Reads::default()
+    };
+    for path in template.undeclared_variables(true) {
+        let mut parts = path.split('.');
+        match parts.next() {
+            Some("pod") => {}
+            Some(root) if HARMLESS.contains(&root) => continue,
+            _ => {
+                reads.all = true;
+                continue;
+            }
+        }
+        // A deeper path on a string (`pod.namespace.upper`) is a method on it: the string.
+        match (parts.next(), parts.next()) {
+            (Some("name"), _) => reads.name = true,
+            (Some("generateName"), _) => reads.generate_name = true,
+            (Some("namespace"), _) => reads.namespace = true,
+            (Some("serviceAccount"), _) => reads.service_account = true,
+            (Some("owner"), _) => reads.owner = true,
+            (Some("labels"), key) => reads.labels.add(key),
+            (Some("annotations"), key) => reads.annotations.add(key),
+            (Some("spec"), field) => reads.spec.add(field),
+            _ => reads.all = true,
+        }
+    }
+    reads
+}
+
 /// A template that failed to compile, render or parse.
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
@@ -181,6 +282,8 @@ pub struct TemplateSet {
     cache: RenderCache,
     /// The annotations each template declares it reads.
     overrides: BTreeMap<String, Declared>,
+    /// Per template, what it reads of the pod context.
+    reads: BTreeMap<String, Reads>,
     /// Per template, its overrides when the pod sets none (checked once, at load).
     defaults: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
     owned: Owned,
@@ -268,6 +371,7 @@ impl TemplateSet {
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_keep_trailing_newline(true);
         let mut names = BTreeSet::new();
+        let mut reads = BTreeMap::new();
         let mut declared = BTreeMap::new();
         let mut hashes = BTreeMap::new();
         let values_json = serde_json::to_vec(values).unwrap_or_default();
@@ -294,11 +398,18 @@ impl TemplateSet {
                 .map(|b| format!("{b:02x}"))
                 .collect();
             hashes.insert(name.clone(), hash);
-            env.add_template_owned(file.clone(), source)
+            env.add_template_owned(file.clone(), source.clone())
                 .map_err(|e| TemplateError::Compile {
-                    file,
+                    file: file.clone(),
                     detail: describe(&e),
                 })?;
+            let template = env
+                .get_template(&file)
+                .map_err(|e| TemplateError::Compile {
+                    file: file.clone(),
+                    detail: describe(&e),
+                })?;
+            reads.insert(name.clone(), reads_of(&template, &source));
             names.insert(name);
         }
         let mut set = Self {
@@ -308,6 +419,7 @@ impl TemplateSet {
             values: Value::from_serialize(values),
             cache: RenderCache::default(),
             overrides: declared,
+            reads,
             defaults: BTreeMap::new(),
             owned: Owned::default(),
         };
@@ -426,6 +538,22 @@ impl TemplateSet {
             owned.annotations.extend(annotations);
         }
         Ok(owned)
+    }
+
+    /// What template `name` reads of the pod context; everything for an unknown name.
+    pub fn reads(&self, name: &str) -> &Reads {
+        static ALL: Reads = Reads {
+            all: true,
+            name: false,
+            generate_name: false,
+            namespace: false,
+            service_account: false,
+            owner: false,
+            labels: Keys::None,
+            annotations: Keys::None,
+            spec: Keys::None,
+        };
+        self.reads.get(name).unwrap_or(&ALL)
     }
 
     /// What the templates put on pods under fixed names (see [`Owned`]).
@@ -722,5 +850,99 @@ mod tests {
             f.containers[0].args.as_deref(),
             Some(&["team: a".to_owned(), "web-".to_owned()][..])
         );
+    }
+
+    fn reads(src: &str) -> Reads {
+        compile(src).expect("compiles").reads("t").clone()
+    }
+
+    /// What a template reads is told from its source; anything the analysis cannot follow
+    /// reads everything.
+    #[test]
+    fn reads_are_told_from_the_source() {
+        let r = reads(
+            "containers: []\n# {{ pod.labels.app | default('x') }} {{ pod.namespace | upper }} {{ values | length }}\n",
+        );
+        assert!(!r.all);
+        assert!(r.namespace && !r.name && !r.owner);
+        assert_eq!(r.labels, Keys::Some(["app".to_owned()].into()));
+        assert_eq!(r.annotations, Keys::None);
+        let r = reads(
+            "containers: []\n# {% for c in pod.spec.containers %}{{ c.ports | default([]) }}{% endfor %}{{ pod.labels | length }}\n",
+        );
+        assert_eq!(r.spec, Keys::Some(["containers".to_owned()].into()));
+        assert_eq!(r.labels, Keys::All);
+        for everything in [
+            "containers: []\n# {{ pod | tojson }}\n",
+            "containers: []\n# {% set p = pod %}{{ p.name }}\n",
+            "containers: []\n# {{ pod['namespace'] }}\n",
+            "containers: []\n# {{ debug() }}\n",
+            "containers: []\n# {{ somethingelse }}\n",
+            "containers: []\n{%- include 't.yaml.j2' ignore missing %}\n",
+        ] {
+            let err_or_reads =
+                TemplateSet::compile(vec![("t".into(), everything.into())], &BTreeMap::new());
+            // A source that fails to load (strict undefined) reads nothing at all.
+            if let Ok(set) = err_or_reads {
+                assert!(set.reads("t").all, "{everything}");
+            }
+        }
+        assert!(uses_other_templates("a {%- include 'x' %}"));
+        assert!(uses_other_templates("{% from 'x' import m %}"));
+        assert!(uses_other_templates("{%+ extends 'x' %}"));
+        assert!(!uses_other_templates(
+            "{% for important in x %}{% endfor %}"
+        ));
+    }
+
+    /// Pods that differ only in what a template does not read share its rendering; pods that
+    /// differ in what it reads do not.
+    #[test]
+    fn a_rendering_is_shared_by_pods_that_read_the_same() {
+        let inj = crate::config::Injector::embedded(None).expect("embedded");
+        let pod = |hash: &str, app: &str| {
+            serde_json::to_vec(&json!({
+                "metadata": {"generateName": format!("web-{hash}-"), "labels": {
+                    "sidecar-injector.io/inject": "true", "app": app, "pod-template-hash": hash}},
+                "spec": {"containers": [{"name": "app", "image": "nginx", "ports": [{"containerPort": 8080}]}]}
+            }))
+            .expect("json")
+        };
+        let plan = |json: &[u8]| {
+            let view = crate::view::PodView::parse(json).expect("view");
+            match crate::inject::decide(&inj, &crate::inject::PodFacts::new(&view, Some("shop"))) {
+                Ok(crate::inject::Decision::Inject(plan)) => plan,
+                other => panic!("not injected: {other:?}"),
+            }
+        };
+        let (a, b, c) = (pod("aaa", "web"), pod("bbb", "web"), pod("aaa", "api"));
+        let (a, b, c) = (plan(&a), plan(&b), plan(&c));
+        for i in 0..2 {
+            assert!(Arc::ptr_eq(
+                &a.templates[i].fragment,
+                &b.templates[i].fragment
+            ));
+        }
+        // The log shipper reads the app label; the proxy does not.
+        let shipper = |p: &crate::inject::Plan| {
+            p.templates
+                .iter()
+                .position(|t| t.name == "log-shipper")
+                .expect("log-shipper")
+        };
+        let proxy = |p: &crate::inject::Plan| {
+            p.templates
+                .iter()
+                .position(|t| t.name == "proxy")
+                .expect("proxy")
+        };
+        assert_ne!(
+            a.templates[shipper(&a)].fragment.containers[0].args,
+            c.templates[shipper(&c)].fragment.containers[0].args
+        );
+        assert!(Arc::ptr_eq(
+            &a.templates[proxy(&a)].fragment,
+            &c.templates[proxy(&c)].fragment
+        ));
     }
 }

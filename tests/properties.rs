@@ -1010,3 +1010,40 @@ proptest! {
         same_on_both_roads(&body, &clean, &what)?;
     }
 }
+
+// === 7. A warm render cache answers as a cold one ===
+//
+// The render cache keys a rendering by what each template reads of the pod. The injectors of
+// the other properties have rendered for every pod generated before: their answers must equal
+// those of an injector that has rendered nothing, for the pod and for one that differs in
+// labels (another ReplicaSet, maybe another app).
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_warm_render_cache_answers_as_a_cold_one(
+        case in pod(),
+        which in 0usize..2,
+        relabel in any::<u8>(),
+    ) {
+        let mut other = case.pod.clone();
+        if other["metadata"]["labels"].is_null() {
+            other["metadata"]["labels"] = json!({});
+        }
+        other["metadata"]["labels"]["pod-template-hash"] = format!("h{relabel}").into();
+        other["metadata"]["labels"]["app"] = format!("app{}", relabel % 3).into();
+        let cold = if which == 0 { embedded() } else { marks() };
+        for pod in [&case.pod, &other] {
+            let body = review("CREATE", &case.namespace, pod, None);
+            for webhook in [Webhook::Mutate, Webhook::Validate] {
+                let text = |answer: Result<sidecar_injector::review::Answer, _>| match answer {
+                    Ok(a) => String::from_utf8_lossy(&a.body).into_owned(),
+                    Err(e) => format!("error: {e}"),
+                };
+                let warm = with_injector(which, |inj| text(answer(inj, webhook, &body)));
+                prop_assert_eq!(warm, text(answer(&cold, webhook, &body)), "{:?}", webhook);
+            }
+        }
+    }
+}
