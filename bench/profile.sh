@@ -27,11 +27,14 @@ per() { echo $(( ($(total "$2") - $(total "$1")) / $3 )); }
 callgrind() { local file=$1; shift; valgrind --tool=callgrind --callgrind-out-file="$file" "$@" 2>>"$out/valgrind.log"; }
 
 # The engine: one review (start-up included) against 1 + ITERATIONS reviews.
-for pod in typical typical-distinct 2x2000; do
+for pod in typical typical-distinct typical-namespace 2x2000; do
   case $pod in
     typical) args=() ;;
-    # Every review a different pod context (a new ReplicaSet each time): no cached rendering.
+    # Every review the first pod of a new ReplicaSet (its pod-template-hash and generateName).
     typical-distinct) args=(--distinct $((iterations + 1))) ;;
+    # Every review in a new namespace, which the bundled templates read: every template renders
+    # and its output is read as YAML (no cached rendering at all).
+    typical-namespace) args=(--distinct $((iterations + 1)) --new-namespace) ;;
     2x2000) args=(--env 2000 --containers 2) ;;
   esac
   callgrind "$out/engine-$pod-1.out" "$bin/engine-loop" --iterations 1 "${args[@]}" >/dev/null
@@ -79,16 +82,19 @@ done
 
 typical=$(per "$out/engine-typical-1.out" "$out/engine-typical-n.out" "$iterations")
 distinct=$(per "$out/engine-typical-distinct-1.out" "$out/engine-typical-distinct-n.out" "$iterations")
+namespace=$(per "$out/engine-typical-namespace-1.out" "$out/engine-typical-namespace-n.out" "$iterations")
 large=$(per "$out/engine-2x2000-1.out" "$out/engine-2x2000-n.out" "$iterations")
 webhook=$(per "$out/webhook-0.out" "$out/webhook-$n.out" "$n")
 ceiling=$(per "$out/ceiling-0.out" "$out/ceiling-$n.out" "$n")
 cat > "$out/instructions.json" <<JSON
-{"engine_typical": $typical, "engine_typical_distinct": $distinct, "engine_2x2000": $large,
+{"engine_typical": $typical, "engine_typical_distinct": $distinct,
+ "engine_typical_new_namespace": $namespace, "engine_2x2000": $large,
  "webhook_process": $webhook, "ceiling_process": $ceiling, "requests": $n, "iterations": $iterations}
 JSON
 echo "instructions per review (valgrind callgrind, Ir)"
 echo "  engine, typical pod:       $typical"
-echo "  engine, typical, distinct: $distinct"
+echo "  engine, typical, new ReplicaSet: $distinct"
+echo "  engine, typical, new namespace:  $namespace  (every template renders)"
 echo "  engine, 2 x 2,000 env pod: $large"
 echo "  webhook, whole process:    $webhook  (HTTP/1.1, 2 connections, $n requests)"
 echo "  ceiling, whole process:    $ceiling"

@@ -22,6 +22,10 @@ struct Args {
     /// reviews do not share a pod context.
     #[arg(long, default_value_t = 1)]
     distinct: usize,
+    /// With `--distinct`: vary the namespace instead of the ReplicaSet, so that every template
+    /// renders anew (the bundled templates read the namespace).
+    #[arg(long)]
+    new_namespace: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -41,7 +45,9 @@ fn main() -> anyhow::Result<()> {
     let bodies = (0..args.distinct.max(1))
         .map(|i| {
             let mut review = review.clone();
-            if args.distinct > 1 {
+            if args.distinct > 1 && args.new_namespace {
+                review["request"]["namespace"] = json!(format!("shop-{i:04}"));
+            } else if args.distinct > 1 {
                 let hash = format!("{i:010x}");
                 let meta = &mut review["request"]["object"]["metadata"];
                 meta["labels"]["pod-template-hash"] = json!(hash);
