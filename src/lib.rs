@@ -1,8 +1,9 @@
 //! sidecar-injector: a Kubernetes admission webhook that injects sidecars rendered from
 //! templates, and a companion validator that checks they are still there.
 //!
-//! The core ([`config`], [`template`], [`inject`], [`validate`], [`review`], [`manifest`]) does no
-//! I/O: a pod and a configuration go in, a patch or a verdict comes out. The webhook server and
+//! The core ([`config`], [`template`], [`view`], [`inject`], [`validate`], [`review`],
+//! [`manifest`]) does no I/O: a review (read through the borrowed [`view`]) and a configuration
+//! go in, a patch or a verdict comes out. The webhook server and
 //! the CLI are shells around it, so they can never disagree; [`outdated`] judges a cluster's
 //! pods with the same core.
 
