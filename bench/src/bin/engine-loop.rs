@@ -46,7 +46,9 @@ fn main() -> anyhow::Result<()> {
         .map(|i| {
             let mut review = review.clone();
             if args.distinct > 1 && args.new_namespace {
-                review["request"]["namespace"] = json!(format!("shop-{i:04}"));
+                let namespace = json!(format!("shop-{i:04}"));
+                review["request"]["namespace"] = namespace.clone();
+                review["request"]["object"]["metadata"]["namespace"] = namespace;
             } else if args.distinct > 1 {
                 let hash = format!("{i:010x}");
                 let meta = &mut review["request"]["object"]["metadata"];
