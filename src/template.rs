@@ -690,9 +690,14 @@ impl TemplateSet {
         let fragment: Fragment = if text.trim().is_empty() {
             Fragment::default()
         } else {
-            serde_saphyr::from_str(text).map_err(|e| TemplateError::Fragment {
-                file: file_name(name),
-                detail: e.to_string(),
+            // Comments of a rendered fragment are never read: the parser need not keep them.
+            let mut options = serde_saphyr::Options::default();
+            options.emit_comments = false;
+            serde_saphyr::from_str_with_options(text, options).map_err(|e| {
+                TemplateError::Fragment {
+                    file: file_name(name),
+                    detail: e.to_string(),
+                }
             })?
         };
         Ok(fragment.seal())
