@@ -8,15 +8,10 @@
 //! pods with the same core.
 
 pub mod cli;
-pub mod config;
-pub mod explain;
-pub mod inject;
+pub mod engine;
 pub mod load;
-pub mod manifest;
-pub mod outdated;
-pub mod overrides;
-pub mod review;
 pub mod server;
-pub mod template;
-pub mod validate;
-pub mod view;
+
+pub use engine::{
+    config, explain, inject, manifest, outdated, overrides, review, template, validate, view,
+};

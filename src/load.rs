@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::config::{ConfigError, Injector, TEMPLATE_SUFFIX, parse_config};
+use crate::engine::config::{ConfigError, Injector, TEMPLATE_SUFFIX, parse_config};
 
 /// Environment variable naming the injector's own namespace (never injected).
 pub const NAMESPACE_ENV: &str = "SIDECAR_INJECTOR_NAMESPACE";
@@ -34,7 +34,7 @@ impl Sources {
         let base = path.parent().unwrap_or(Path::new("."));
         let mut dirs = vec![base.to_path_buf()];
         let templates = match &parsed.templates_dir {
-            None => crate::config::bundled_templates(),
+            None => crate::engine::config::bundled_templates(),
             Some(dir) => {
                 let dir = base.join(dir);
                 let templates = read_templates(&dir)?;
@@ -93,7 +93,7 @@ pub fn from_configmap_data(
         })?;
     let parsed = parse_config(origin, config)?;
     let templates = match parsed.templates_dir.as_deref() {
-        None => crate::config::bundled_templates(),
+        None => crate::engine::config::bundled_templates(),
         Some("." | "./") => data
             .iter()
             .filter(|(key, _)| !key.starts_with('.'))

@@ -199,7 +199,7 @@ impl Server {
             }
             None => (
                 None,
-                crate::config::Injector::embedded(crate::load::own_namespace())?,
+                crate::engine::config::Injector::embedded(crate::load::own_namespace())?,
             ),
         };
         let state = Arc::new(State::new(injector, max_body_bytes, request_timeout));

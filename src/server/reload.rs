@@ -164,7 +164,7 @@ impl Reloader {
 
 /// Identifies an error that happened before any bytes could be fingerprinted, so the same
 /// failure is reported once rather than at every tick.
-fn error_fingerprint(error: &crate::config::ConfigError) -> [u8; 32] {
+fn error_fingerprint(error: &crate::engine::config::ConfigError) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     Sha256::digest(error.to_string().as_bytes()).into()
 }

@@ -13,9 +13,9 @@ use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper::body::Body;
 use tracing::field::Empty;
 
-use crate::config::Injector;
-use crate::inject::Entry;
-use crate::review::{self, Outcome, Webhook};
+use crate::engine::config::Injector;
+use crate::engine::inject::Entry;
+use crate::engine::review::{self, Outcome, Webhook};
 use crate::server::metrics::Metrics;
 
 /// What the request handlers share.

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, LocalObjectReference, Volume
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::config::TEMPLATE_SUFFIX;
-use crate::overrides::{self, BadValue, Declared};
+use crate::engine::config::TEMPLATE_SUFFIX;
+use crate::engine::overrides::{self, BadValue, Declared};
 
 /// What one template adds to a pod once rendered.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -111,7 +111,7 @@ impl Fragment {
 }
 
 /// The pod as templates see it: a projection of the pod that reads the same in the mutating
-/// and the validating webhook (see [`crate::inject`] for how it is built).
+/// and the validating webhook (see [`crate::engine::inject`] for how it is built).
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PodContext<'a> {
@@ -124,7 +124,7 @@ pub struct PodContext<'a> {
     /// Without the status annotation and the keys the templates set themselves.
     pub annotations: BTreeMap<&'a str, &'a str>,
     pub service_account: &'a str,
-    /// The pod's spec as the application declared it (see [`crate::inject`]).
+    /// The pod's spec as the application declared it (see [`crate::engine::inject`]).
     pub spec: serde_json::Value,
     /// The controlling workload.
     pub owner: Owner,
@@ -904,7 +904,7 @@ mod tests {
     /// differ in what it reads do not.
     #[test]
     fn a_rendering_is_shared_by_pods_that_read_the_same() {
-        let inj = crate::config::Injector::embedded(None).expect("embedded");
+        let inj = crate::engine::config::Injector::embedded(None).expect("embedded");
         let pod = |hash: &str, app: &str| {
             serde_json::to_vec(&json!({
                 "metadata": {"generateName": format!("web-{hash}-"), "labels": {
@@ -914,9 +914,12 @@ mod tests {
             .expect("json")
         };
         let plan = |json: &[u8]| {
-            let view = crate::view::PodView::parse(json).expect("view");
-            match crate::inject::decide(&inj, &crate::inject::PodFacts::new(&view, Some("shop"))) {
-                Ok(crate::inject::Decision::Inject(plan)) => plan,
+            let view = crate::engine::view::PodView::parse(json).expect("view");
+            match crate::engine::inject::decide(
+                &inj,
+                &crate::engine::inject::PodFacts::new(&view, Some("shop")),
+            ) {
+                Ok(crate::engine::inject::Decision::Inject(plan)) => plan,
                 other => panic!("not injected: {other:?}"),
             }
         };
@@ -929,13 +932,13 @@ mod tests {
             ));
         }
         // The log shipper reads the app label; the proxy does not.
-        let shipper = |p: &crate::inject::Plan| {
+        let shipper = |p: &crate::engine::inject::Plan| {
             p.templates
                 .iter()
                 .position(|t| t.name == "log-shipper")
                 .expect("log-shipper")
         };
-        let proxy = |p: &crate::inject::Plan| {
+        let proxy = |p: &crate::engine::inject::Plan| {
             p.templates
                 .iter()
                 .position(|t| t.name == "proxy")

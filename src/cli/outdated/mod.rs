@@ -1,15 +1,12 @@
-//! `outdated`: which pods run sidecars other than what the current configuration injects, and a
-//! safe rolling restart of their workloads.
+//! `outdated`, the command: which pods run sidecars other than what the current configuration
+//! injects, and a safe rolling restart of their workloads.
 //!
-//! - [`check`]: one pod against the configuration (pure, the webhooks' own engine).
-//! - [`workload`]: pod to workload, the restart patch, rollout status (pure).
-//! - [`report`]: grouping, table and JSON (pure).
 //! - [`cluster`]: the API calls.
+//! - The judging ([`check`](crate::engine::outdated::check),
+//!   [`workload`](crate::engine::outdated::workload), [`report`](crate::engine::outdated::report))
+//!   is pure and lives in [`crate::engine::outdated`].
 
-pub mod check;
 pub mod cluster;
-pub mod report;
-pub mod workload;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -18,9 +15,9 @@ use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 
 use crate::cli::ConfigArg;
+use crate::engine::outdated::report::{Report, RestartRecord};
+use crate::engine::outdated::workload::Rollout;
 use crate::server::parse_duration;
-use report::{Report, RestartRecord};
-use workload::Rollout;
 
 /// Exit status when some pod needs a restart that this run did not do (0: none; 1: error).
 pub const EXIT_OUTDATED: u8 = 3;

@@ -1,13 +1,16 @@
 //! Command-line interface: `serve`, `inject`, `review`, `explain`, `outdated`.
 
+pub mod outdated;
+
 use std::io::{IsTerminal as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 
-use crate::inject::Entry;
-use crate::review::Webhook;
+use crate::engine::inject::Entry;
+use crate::engine::review::Webhook;
+use crate::engine::{explain, manifest, review};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -55,7 +58,7 @@ pub enum Command {
     ///
     /// The cluster is the one KUBECONFIG (or ~/.kube/config) names, or the pod's own service
     /// account when run in a cluster.
-    Outdated(crate::outdated::OutdatedArgs),
+    Outdated(outdated::OutdatedArgs),
 }
 
 /// What `inject` and `explain` read.
@@ -87,7 +90,7 @@ pub struct ConfigArg {
 }
 
 impl ConfigArg {
-    pub fn load(&self) -> anyhow::Result<crate::config::Injector> {
+    pub fn load(&self) -> anyhow::Result<crate::engine::config::Injector> {
         Ok(crate::load::injector(self.path.as_deref())?)
     }
 }
@@ -100,8 +103,8 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 }
 
 impl ManifestArgs {
-    fn target(&self) -> crate::manifest::Target<'_> {
-        crate::manifest::Target {
+    fn target(&self) -> manifest::Target<'_> {
+        manifest::Target {
             namespace: self.namespace.as_deref(),
             namespace_labels: (!self.namespace_labels.is_empty())
                 .then(|| self.namespace_labels.iter().cloned().collect()),
@@ -141,8 +144,7 @@ impl Cli {
             Command::Serve(args) => args.run(),
             Command::Inject(args) => {
                 let inj = args.config.load()?;
-                let output =
-                    crate::manifest::inject_for(&inj, &read_text(&args.file)?, &args.target())?;
+                let output = manifest::inject_for(&inj, &read_text(&args.file)?, &args.target())?;
                 write_stdout(output.as_bytes())
             }
             Command::Review {
@@ -153,16 +155,14 @@ impl Cli {
             } => {
                 let inj = config.load()?;
                 let (webhook, entry) = match (webhook_path, validate) {
-                    (Some(path), _) => crate::review::route(&path).with_context(|| {
-                        let paths: Vec<&str> =
-                            crate::review::PATHS.iter().map(|(p, _, _)| *p).collect();
+                    (Some(path), _) => review::route(&path).with_context(|| {
+                        let paths: Vec<&str> = review::PATHS.iter().map(|(p, _, _)| *p).collect();
                         format!("no such path {path:?}; use {}", paths.join(", "))
                     })?,
                     (None, true) => (Webhook::Validate, Entry::Pod),
                     (None, false) => (Webhook::Mutate, Entry::Pod),
                 };
-                let answer =
-                    crate::review::answer_for(&inj, webhook, entry, &read_input(&request)?)?;
+                let answer = review::answer_for(&inj, webhook, entry, &read_input(&request)?)?;
                 write_stdout(&answer.body)?;
                 // The bytes are the server's answer exactly; a newline only for a person.
                 if std::io::stdout().is_terminal() {
@@ -173,8 +173,7 @@ impl Cli {
             Command::Explain(args) => {
                 let inj = args.config.load()?;
                 write_stdout(
-                    crate::explain::explain_for(&inj, &read_text(&args.file)?, &args.target())?
-                        .as_bytes(),
+                    explain::explain_for(&inj, &read_text(&args.file)?, &args.target())?.as_bytes(),
                 )
             }
         };

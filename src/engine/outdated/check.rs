@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::Injector;
-use crate::inject::{Decision, PodFacts, Rendered, Status, decide, opt_in};
-use crate::validate::{OWNED_FIELDS, field_problems};
+use crate::engine::config::Injector;
+use crate::engine::inject::{Decision, PodFacts, Rendered, Status, decide, opt_in};
+use crate::engine::validate::{OWNED_FIELDS, field_problems};
 
 /// Where a pod stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -149,8 +149,8 @@ pub fn check(
     if !is_live(pod) {
         return None;
     }
-    let pod_json = crate::view::pod_json(pod);
-    let view = match crate::view::PodView::parse(&pod_json) {
+    let pod_json = crate::engine::view::pod_json(pod);
+    let view = match crate::engine::view::PodView::parse(&pod_json) {
         Ok(view) => view,
         Err(error) => {
             return Some(PodState::Unknown {

@@ -7,13 +7,13 @@ use kube::core::Status;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde::Deserialize;
 
-use crate::config::{Injector, ValidationMode};
-use crate::inject::{
+use crate::engine::config::{Injector, ValidationMode};
+use crate::engine::inject::{
     Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits,
     to_patch_base64,
 };
-use crate::validate::{denial_message, findings, sidecars_changed};
-use crate::view::{PodView, ReviewView};
+use crate::engine::validate::{denial_message, findings, sidecars_changed};
+use crate::engine::view::{PodView, ReviewView};
 
 /// Which webhook a review is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +74,7 @@ pub struct Answer {
     pub body: Vec<u8>,
     pub outcome: Outcome,
     pub summary: Summary,
-    /// For an injection: each template injected and its hash ([`crate::template::TemplateSet::hash`]).
+    /// For an injection: each template injected and its hash ([`super::template::TemplateSet::hash`]).
     pub injected: Injected,
 }
 
@@ -120,7 +120,7 @@ pub fn answer(inj: &Injector, webhook: Webhook, body: &[u8]) -> Result<Answer, R
 
 /// Answers one AdmissionReview body for `webhook`, sent by `entry`.
 ///
-/// The body is read through the borrowed view ([`crate::view`]). A body the view cannot read
+/// The body is read through the borrowed view ([`super::view`]). A body the view cannot read
 /// (a repeated field, a value of the wrong type where the engine reads) takes the typed road:
 /// it is read as k8s-openapi types, refused if that fails too, and otherwise answered by the
 /// same engine from the typed objects' canonical JSON. Both roads give the same bytes.
@@ -170,8 +170,8 @@ pub fn answer_typed(
         return Err(ReviewError::Version(review.types.api_version));
     }
     let req: AdmissionRequest<Pod> = review.try_into().map_err(|_| ReviewError::NoRequest)?;
-    let object = req.object.as_ref().map(crate::view::pod_json);
-    let old_object = req.old_object.as_ref().map(crate::view::pod_json);
+    let object = req.object.as_ref().map(crate::engine::view::pod_json);
+    let old_object = req.old_object.as_ref().map(crate::engine::view::pod_json);
     let (object_view, old_view) = match (
         object.as_deref().map(PodView::parse).transpose(),
         old_object.as_deref().map(PodView::parse).transpose(),

@@ -9,12 +9,12 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use serde_json::Value;
 
-use crate::config::Injector;
-use crate::inject::{
+use crate::engine::config::Injector;
+use crate::engine::inject::{
     Decision, Edit, Entry, InjectError, PodFacts, SkipReason, decide, opt_in, plan_edits, to_patch,
 };
-use crate::template::Owner;
-use crate::view::PodView;
+use crate::engine::template::Owner;
+use crate::engine::view::PodView;
 
 /// Where each kind keeps its pod template (JSON pointer tokens; empty: the object is a pod).
 pub fn pod_template_path(api_version: &str, kind: &str) -> Option<&'static [&'static str]> {
@@ -47,7 +47,7 @@ pub enum DocOutcome {
         /// The rule that opted it in.
         entry: Entry,
         templates: Vec<String>,
-        /// What it gets, in words ([`crate::inject::Edit::describe`]).
+        /// What it gets, in words ([`crate::engine::inject::Edit::describe`]).
         changes: Vec<String>,
     },
     Failed(InjectError),
@@ -277,7 +277,7 @@ fn process_one(
     })?;
     let own = Some(str_at(&value, "/metadata/namespace")).filter(|ns| !ns.is_empty());
     let namespace_guessed = own.is_none() && namespace.is_none();
-    let pod_json = crate::view::pod_json(&pod);
+    let pod_json = crate::engine::view::pod_json(&pod);
     let view = PodView::parse(&pod_json).map_err(|e| ManifestError::PodTemplate {
         index,
         id: id.clone(),

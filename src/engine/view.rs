@@ -10,7 +10,7 @@
 //!
 //! The view reads fields as k8s-openapi does: `null` is absent, a missing string is empty, a
 //! map's repeated key keeps the last value. Where the view cannot read a body (a repeated
-//! field, a value of the wrong type in a field it reads), [`crate::review`] reads it the typed
+//! field, a value of the wrong type in a field it reads), [`super::review`] reads it the typed
 //! way and builds the view from the typed object's canonical JSON, so both roads lead to the
 //! same engine. Fields the injector never reads are not checked here: the API server has
 //! decoded the object before it calls a webhook.
@@ -531,7 +531,7 @@ impl VolumeView<'_> {
 static EMPTY: StrMap<'static> = BTreeMap::new();
 
 /// A typed pod's canonical JSON, to read it through the view (offline callers, the typed road
-/// of [`crate::review`], tests).
+/// of [`crate::engine::review`], tests).
 pub fn pod_json(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<u8> {
     // A k8s-openapi type always serializes.
     serde_json::to_vec(pod).unwrap_or_default()

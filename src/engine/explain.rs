@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use crate::config::Injector;
-use crate::manifest::{Doc, DocOutcome, ManifestError, Target, process_for};
+use crate::engine::config::Injector;
+use crate::engine::manifest::{Doc, DocOutcome, ManifestError, Target, process_for};
 
 /// A human-readable report of what the injector does to each document.
 pub fn explain(
@@ -21,7 +21,7 @@ pub fn explain(
     )
 }
 
-/// [`explain`] with namespace labels (see [`crate::manifest::process_for`]).
+/// [`explain`] with namespace labels (see [`crate::engine::manifest::process_for`]).
 pub fn explain_for(
     inj: &Injector,
     text: &str,

@@ -9,9 +9,9 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Container;
 use serde_json::Value;
 
-use crate::config::Injector;
-use crate::inject::{Plan, Status};
-use crate::view::{ContainerView, PodView};
+use crate::engine::config::Injector;
+use crate::engine::inject::{Plan, Status};
+use crate::engine::view::{ContainerView, PodView};
 
 /// The container fields the injector owns: changing any of them on a sidecar is a finding.
 pub const OWNED_FIELDS: &[&str] = &[
@@ -131,7 +131,7 @@ pub fn findings(
 pub fn sidecars_changed(
     old: &PodView<'_>,
     new: &PodView<'_>,
-    own: &crate::inject::Seen,
+    own: &crate::engine::inject::Seen,
 ) -> Result<Vec<String>, serde_json::Error> {
     let mut out = Vec::new();
     let lists =
@@ -346,8 +346,8 @@ pub fn denial_message(inj: &Injector, pod_name: &str, problems: &[String]) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::inject::{Decision, PodFacts, apply, decide, plan_edits};
-    use crate::view::pod_json;
+    use crate::engine::inject::{Decision, PodFacts, apply, decide, plan_edits};
+    use crate::engine::view::pod_json;
     use k8s_openapi::api::core::v1::Pod;
 
     fn findings(inj: &Injector, pod: &Pod, plan: &Plan) -> Vec<String> {

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::check::{PodState, check};
 use super::workload::{Owners, Workload};
-use crate::config::Injector;
+use crate::engine::config::Injector;
 
 /// Labels by namespace name: what decides whether a namespace opted its pods in.
 pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;

@@ -7,18 +7,18 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::template::{TemplateError, TemplateSet};
+use crate::engine::template::{TemplateError, TemplateSet};
 
 /// The default configuration, compiled into the binary.
-pub const DEFAULT_CONFIG: &str = include_str!("../templates/config.yaml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../templates/config.yaml");
 
 /// The bundled templates, compiled into the binary (name, source).
 pub const BUNDLED_TEMPLATES: &[(&str, &str)] = &[
     (
         "log-shipper",
-        include_str!("../templates/log-shipper.yaml.j2"),
+        include_str!("../../templates/log-shipper.yaml.j2"),
     ),
-    ("proxy", include_str!("../templates/proxy.yaml.j2")),
+    ("proxy", include_str!("../../templates/proxy.yaml.j2")),
 ];
 
 /// The bundled templates as owned (name, source) pairs, the form a configuration loads.

@@ -14,10 +14,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
-use crate::config::{Injector, NAMESPACE_ENABLED};
-use crate::overrides::BadValue;
-use crate::template::{Fragment, Keys, Owner, Piece, PodContext, Reads, TemplateError};
-use crate::view::{ContainerView, PodView, SpecView, Str, StrMap, VolumeView};
+use crate::engine::config::{Injector, NAMESPACE_ENABLED};
+use crate::engine::overrides::BadValue;
+use crate::engine::template::{Fragment, Keys, Owner, Piece, PodContext, Reads, TemplateError};
+use crate::engine::view::{ContainerView, PodView, SpecView, Str, StrMap, VolumeView};
 
 /// Why an opted-in pod was not injected.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1450,7 +1450,7 @@ mod tests {
         p: &Pod,
         namespace: Option<&str>,
     ) -> Result<Decision, InjectError> {
-        let json = crate::view::pod_json(p);
+        let json = crate::engine::view::pod_json(p);
         let view = PodView::parse(&json).expect("view");
         decide(inj, &PodFacts::new(&view, namespace))
     }
@@ -1479,11 +1479,12 @@ mod tests {
     }
 
     fn canary() -> Injector {
-        let config = crate::config::DEFAULT_CONFIG.replace("revision: \"\"", "revision: canary");
+        let config =
+            crate::engine::config::DEFAULT_CONFIG.replace("revision: \"\"", "revision: canary");
         Injector::from_sources(
             "canary.yaml",
             &config,
-            crate::config::bundled_templates(),
+            crate::engine::config::bundled_templates(),
             None,
         )
         .expect("canary config loads")
@@ -1548,7 +1549,7 @@ mod tests {
         ];
         for (pairs, entry, for_default, for_canary) in cases {
             let p = pod_with(pairs);
-            let json = crate::view::pod_json(&p);
+            let json = crate::engine::view::pod_json(&p);
             let view = PodView::parse(&json).expect("view");
             let facts = PodFacts::new(&view, Some("shop")).with_entry(entry);
             assert_eq!(
@@ -1578,7 +1579,7 @@ mod tests {
         ]);
         let plain = labels(&[("team", "a")]);
         let decide_with = |inj: &Injector, ns: &BTreeMap<String, String>| {
-            let json = crate::view::pod_json(&p);
+            let json = crate::engine::view::pod_json(&p);
             let view = PodView::parse(&json).expect("view");
             let mut facts = PodFacts::new(&view, Some("shop"));
             facts.namespace_labels = Some(ns);
@@ -1612,7 +1613,7 @@ mod tests {
     fn object_namespace_wins_over_request_namespace() {
         let mut p = opted_in();
         p.metadata.namespace = Some("kube-system".into());
-        let json = crate::view::pod_json(&p);
+        let json = crate::engine::view::pod_json(&p);
         let view = PodView::parse(&json).expect("view");
         let facts = PodFacts::new(&view, Some("default"));
         assert_eq!(facts.namespace, "kube-system");
@@ -1657,7 +1658,7 @@ mod tests {
         let Decision::Inject(plan) = decide_for(&inj, &p, Some("default")).expect("decides") else {
             unreachable!("opted-in pod is injected")
         };
-        let json = crate::view::pod_json(&p);
+        let json = crate::engine::view::pod_json(&p);
         let view = PodView::parse(&json).expect("view");
         let patch: serde_json::Value =
             serde_json::from_slice(&to_patch(&view, &plan_edits(&inj, &view, &plan)))
