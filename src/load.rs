@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::engine::config::{ConfigError, Injector, TEMPLATE_SUFFIX, parse_config};
+use crate::engine::config::{ConfigError, Injector, parse_config};
+use crate::engine::template::TEMPLATE_SUFFIX;
 
 /// Environment variable naming the injector's own namespace (never injected).
 pub const NAMESPACE_ENV: &str = "SIDECAR_INJECTOR_NAMESPACE";

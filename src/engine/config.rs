@@ -29,9 +29,6 @@ pub fn bundled_templates() -> Vec<(String, String)> {
         .collect()
 }
 
-/// The file name suffix of a template in a templates directory.
-pub const TEMPLATE_SUFFIX: &str = ".yaml.j2";
-
 /// The configuration file as written by a person.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -251,6 +248,7 @@ pub fn parse_config(origin: &str, yaml: &str) -> Result<ConfigFile, ConfigError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::template::TEMPLATE_SUFFIX;
 
     #[test]
     fn embedded_default_loads() {

@@ -9,8 +9,10 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, LocalObjectReference, Volume
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::engine::config::TEMPLATE_SUFFIX;
 use crate::engine::overrides::{self, BadValue, Declared};
+
+/// The file name suffix of a template in a templates directory.
+pub const TEMPLATE_SUFFIX: &str = ".yaml.j2";
 
 /// What one template adds to a pod once rendered.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
