@@ -1439,6 +1439,10 @@ fn set_entry<S: Sink>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
     use super::*;
 
     fn injector() -> Injector {
@@ -1676,5 +1680,59 @@ mod tests {
             paths.contains(&"/metadata/annotations/sidecar-injector.io~1status"),
             "{paths:?}"
         );
+    }
+
+    /// Pods that differ only in what a template does not read share its rendering; pods that
+    /// differ in what it reads do not.
+    #[test]
+    fn a_rendering_is_shared_by_pods_that_read_the_same() {
+        let inj = crate::engine::config::Injector::embedded(None).expect("embedded");
+        let pod = |hash: &str, app: &str| {
+            serde_json::to_vec(&json!({
+                "metadata": {"generateName": format!("web-{hash}-"), "labels": {
+                    "sidecar-injector.io/inject": "true", "app": app, "pod-template-hash": hash}},
+                "spec": {"containers": [{"name": "app", "image": "nginx", "ports": [{"containerPort": 8080}]}]}
+            }))
+            .expect("json")
+        };
+        let plan = |json: &[u8]| {
+            let view = crate::engine::view::PodView::parse(json).expect("view");
+            match crate::engine::inject::decide(
+                &inj,
+                &crate::engine::inject::PodFacts::new(&view, Some("shop")),
+            ) {
+                Ok(crate::engine::inject::Decision::Inject(plan)) => plan,
+                other => panic!("not injected: {other:?}"),
+            }
+        };
+        let (a, b, c) = (pod("aaa", "web"), pod("bbb", "web"), pod("aaa", "api"));
+        let (a, b, c) = (plan(&a), plan(&b), plan(&c));
+        for i in 0..2 {
+            assert!(Arc::ptr_eq(
+                &a.templates[i].fragment,
+                &b.templates[i].fragment
+            ));
+        }
+        // The log shipper reads the app label; the proxy does not.
+        let shipper = |p: &crate::engine::inject::Plan| {
+            p.templates
+                .iter()
+                .position(|t| t.name == "log-shipper")
+                .expect("log-shipper")
+        };
+        let proxy = |p: &crate::engine::inject::Plan| {
+            p.templates
+                .iter()
+                .position(|t| t.name == "proxy")
+                .expect("proxy")
+        };
+        assert_ne!(
+            a.templates[shipper(&a)].fragment.containers[0].args,
+            c.templates[shipper(&c)].fragment.containers[0].args
+        );
+        assert!(Arc::ptr_eq(
+            &a.templates[proxy(&a)].fragment,
+            &c.templates[proxy(&c)].fragment
+        ));
     }
 }
