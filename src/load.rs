@@ -1,6 +1,9 @@
-//! Reading a configuration and its templates from disk (the only file I/O of the core's inputs).
+//! Reading a configuration and its templates from disk (the only file I/O of the core's inputs),
+//! and the `--config` flag every command that loads one shares.
 
 use std::path::{Path, PathBuf};
+
+use clap::Args;
 
 use crate::engine::config::{ConfigError, Injector, parse_config};
 use crate::engine::template::TEMPLATE_SUFFIX;
@@ -11,6 +14,20 @@ pub const NAMESPACE_ENV: &str = "SIDECAR_INJECTOR_NAMESPACE";
 /// The injector's own namespace, from the environment.
 pub fn own_namespace() -> Option<String> {
     std::env::var(NAMESPACE_ENV).ok()
+}
+
+/// The configuration flag every subcommand shares.
+#[derive(Clone, Debug, Args)]
+pub struct ConfigArg {
+    /// Configuration file (YAML). Default: the embedded configuration and bundled templates.
+    #[arg(long = "config", env = "SIDECAR_INJECTOR_CONFIG", value_name = "PATH")]
+    pub path: Option<PathBuf>,
+}
+
+impl ConfigArg {
+    pub fn load(&self) -> anyhow::Result<Injector> {
+        Ok(injector(self.path.as_deref())?)
+    }
 }
 
 /// The texts a configuration is built from, read from disk.

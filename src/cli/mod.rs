@@ -1,9 +1,10 @@
 //! Command-line interface: `serve`, `inject`, `review`, `explain`, `outdated`.
 
 pub mod outdated;
+mod stdio;
 
-use std::io::{IsTerminal as _, Read as _, Write as _};
-use std::path::{Path, PathBuf};
+use std::io::IsTerminal as _;
+use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
@@ -11,6 +12,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::engine::inject::Entry;
 use crate::engine::review::Webhook;
 use crate::engine::{explain, manifest, review};
+use crate::load::ConfigArg;
+use stdio::{read_input, read_text, write_stdout};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -81,20 +84,6 @@ pub struct ManifestArgs {
     pub config: ConfigArg,
 }
 
-/// The configuration flag every subcommand shares.
-#[derive(Clone, Debug, Args)]
-pub struct ConfigArg {
-    /// Configuration file (YAML). Default: the embedded configuration and bundled templates.
-    #[arg(long = "config", env = "SIDECAR_INJECTOR_CONFIG", value_name = "PATH")]
-    pub path: Option<PathBuf>,
-}
-
-impl ConfigArg {
-    pub fn load(&self) -> anyhow::Result<crate::engine::config::Injector> {
-        Ok(crate::load::injector(self.path.as_deref())?)
-    }
-}
-
 fn parse_label(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
@@ -110,30 +99,6 @@ impl ManifestArgs {
                 .then(|| self.namespace_labels.iter().cloned().collect()),
         }
     }
-}
-
-fn read_input(path: &Path) -> anyhow::Result<Vec<u8>> {
-    if path == Path::new("-") {
-        let mut buf = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut buf)
-            .context("cannot read standard input")?;
-        Ok(buf)
-    } else {
-        std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))
-    }
-}
-
-fn read_text(path: &Path) -> anyhow::Result<String> {
-    String::from_utf8(read_input(path)?)
-        .with_context(|| format!("{} is not UTF-8 text", path.display()))
-}
-
-pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    out.write_all(bytes)?;
-    out.flush()?;
-    Ok(())
 }
 
 impl Cli {

@@ -22,7 +22,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::cli::ConfigArg;
+use crate::load::ConfigArg;
 use routes::State;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -14,9 +14,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 
-use crate::cli::ConfigArg;
 use crate::engine::outdated::report::{Report, RestartRecord};
 use crate::engine::outdated::workload::Rollout;
+use crate::load::ConfigArg;
 use crate::server::parse_duration;
 
 /// Exit status when some pod needs a restart that this run did not do (0: none; 1: error).
@@ -132,7 +132,7 @@ impl OutdatedArgs {
             Output::Table => report.table(),
             Output::Json => report.json(),
         };
-        crate::cli::write_stdout(text.as_bytes())?;
+        super::stdio::write_stdout(text.as_bytes())?;
         Ok(if failed {
             ExitCode::FAILURE
         } else if left_outdated {
