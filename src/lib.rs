@@ -1,11 +1,18 @@
 //! sidecar-injector: a Kubernetes admission webhook that injects sidecars rendered from
 //! templates, and a companion validator that checks they are still there.
 //!
-//! The core ([`config`], [`template`], [`view`], [`inject`], [`validate`], [`review`],
-//! [`manifest`]) does no I/O: a review (read through the borrowed [`view`]) and a configuration
-//! go in, a patch or a verdict comes out. The webhook server and
-//! the CLI are shells around it, so they can never disagree; [`outdated`] judges a cluster's
-//! pods with the same core.
+//! - [`engine`] decides everything and does no I/O: a review (read through the borrowed
+//!   [`view`]) or a manifest, and a checked [`config`], go in; a patch, a verdict or the text a
+//!   command prints comes out ([`template`], [`overrides`], [`inject`], [`validate`],
+//!   [`review`], [`manifest`], [`explain`], and [`outdated`], which judges a cluster's pods).
+//! - [`server`]: the webhook and admin servers (sockets, TLS, reloads, limits, shutdown).
+//! - [`cli`]: the commands, `serve`, `inject`, `review`, `explain` and `outdated` (whose
+//!   API-server calls live in [`cli::outdated`]).
+//! - [`load`]: reading a configuration and its templates from files, for both shells.
+//!
+//! The shells import the engine, never the reverse, so the webhook server, the validator and
+//! the offline commands can never disagree. The engine's modules are re-exported here, so
+//! `sidecar_injector::review`, `sidecar_injector::inject` and the rest name them directly.
 
 pub mod cli;
 pub mod engine;

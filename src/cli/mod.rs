@@ -1,4 +1,9 @@
 //! Command-line interface: `serve`, `inject`, `review`, `explain`, `outdated`.
+//!
+//! A shell around the engine. It owns the flags, reading the files and standard input a
+//! command names (`stdio`), standard output and exit statuses; every answer comes from
+//! [`crate::engine`]. `serve` runs [`crate::server`]; [`outdated`] holds the only API-server
+//! calls. Nothing in the library imports `cli`: `main.rs` runs it.
 
 pub mod outdated;
 mod stdio;

@@ -1,4 +1,9 @@
 //! The webhook server: TLS for the API server, a plain admin port, reloads, limits, shutdown.
+//!
+//! A shell around the engine. It owns the sockets, the certificates, the tokio runtime,
+//! signals, logging and metrics; every answer to a review comes from
+//! [`crate::engine::review`], and the configuration is read through [`crate::load`]. It may
+//! not import [`crate::cli`]: the `serve` command imports the server, not the other way round.
 
 pub mod drain;
 pub mod metrics;
