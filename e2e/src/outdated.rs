@@ -226,6 +226,7 @@ pub async fn outdated(env: &Env, ns: &str, args: &[&str]) -> anyhow::Result<Repo
 /// put back by [`ProxyImage::restore`] (as a last resort, when dropped: at once for a file,
 /// by a spawned task for a ConfigMap).
 pub struct ProxyImage {
+    env: Env,
     client: Client,
     source: Source,
     original: Option<String>,
@@ -254,14 +255,17 @@ impl ProxyImage {
             "the proxy template has no line {IMAGE_LINE:?}"
         );
         let changed = original.replacen(IMAGE_LINE, &format!("    image: {new}\n"), 1);
+        let before = config_reloads(env, client).await?;
         source.write_proxy(client, &changed).await?;
         let guard = Self {
+            env: env.clone(),
             client: client.clone(),
             source,
             original: Some(original),
             old,
             new,
         };
+        wait_for_reloads(env, client, &before).await?;
         wait_for_proxy_image(pods, &guard.new).await?;
         Ok(guard)
     }
@@ -269,7 +273,9 @@ impl ProxyImage {
     /// Puts the template back and waits until every server injects the old image again.
     pub async fn restore(mut self, pods: &Api<Pod>) -> anyhow::Result<()> {
         if let Some(original) = self.original.take() {
+            let before = config_reloads(&self.env, &self.client).await?;
             self.source.write_proxy(&self.client, &original).await?;
+            wait_for_reloads(&self.env, &self.client, &before).await?;
         }
         wait_for_proxy_image(pods, &self.old).await
     }
@@ -306,8 +312,53 @@ pub async fn proxy_image(pods: &Api<Pod>) -> anyhow::Result<String> {
         .context("the dry run has no proxy")
 }
 
+/// How many times each server the webhooks call (by its admin address) has loaded a changed
+/// configuration (`sidecar_injector_reloads_total{kind="config",result="success"}`).
+async fn config_reloads(env: &Env, client: &Client) -> anyhow::Result<Vec<(String, f64)>> {
+    let mut counts = Vec::new();
+    // In kind the injector pods are not reachable: the dry runs are all there is.
+    if env.mode == Mode::Kind {
+        return Ok(counts);
+    }
+    for (address, text) in injector_metrics_each(env, client).await? {
+        let count = crate::metrics::sum(
+            &text,
+            "sidecar_injector_reloads_total",
+            &[("kind", "config"), ("result", "success")],
+        );
+        counts.push((address, count));
+    }
+    Ok(counts)
+}
+
+/// Waits until every server has loaded a changed configuration since `before`. Dry runs alone
+/// cannot tell: the API server may send all of them over one connection to one replica, while
+/// the other still injects the previous configuration into the next scenario's pods.
+async fn wait_for_reloads(
+    env: &Env,
+    client: &Client,
+    before: &[(String, f64)],
+) -> anyhow::Result<()> {
+    eventually(
+        "every injector to load the changed configuration",
+        RELOAD_WAIT,
+        || async {
+            let now = config_reloads(env, client).await?;
+            let done = now.iter().all(|(address, count)| {
+                let was = before
+                    .iter()
+                    .find(|(a, _)| a == address)
+                    .map_or(0.0, |(_, c)| *c);
+                *count > was
+            });
+            Ok(done.then_some(()))
+        },
+    )
+    .await
+}
+
 /// Waits until server-side dry runs of an opted-in pod come back with `image` on their proxy
-/// ten times in a row: on a node two injector pods answer, and both must have reloaded.
+/// ten times in a row (after every server has reloaded: see [`wait_for_reloads`]).
 pub async fn wait_for_proxy_image(pods: &Api<Pod>, image: &str) -> anyhow::Result<()> {
     eventually(
         &format!("every server to reload and inject proxy {image}"),
@@ -327,6 +378,18 @@ pub async fn wait_for_proxy_image(pods: &Api<Pod>, image: &str) -> anyhow::Resul
 /// The metrics of the servers the webhooks call: locally the process's admin port; on a node
 /// every injector pod's (their admin ports are reachable from the node's network namespace).
 pub async fn injector_metrics(env: &Env, client: &Client) -> anyhow::Result<String> {
+    let mut all = String::new();
+    for (_, text) in injector_metrics_each(env, client).await? {
+        all.push_str(&text);
+    }
+    Ok(all)
+}
+
+/// [`injector_metrics`], server by server: (admin address, metrics text).
+async fn injector_metrics_each(
+    env: &Env,
+    client: &Client,
+) -> anyhow::Result<Vec<(String, String)>> {
     let mut addresses = Vec::new();
     match env.mode {
         Mode::Local => {
@@ -354,11 +417,12 @@ pub async fn injector_metrics(env: &Env, client: &Client) -> anyhow::Result<Stri
         }
         Mode::Kind => anyhow::bail!("the injector pods are not reachable in kind mode"),
     }
-    let mut all = String::new();
+    let mut each = Vec::new();
     for address in addresses {
-        all.push_str(&scrape(&address).await?);
+        let text = scrape(&address).await?;
+        each.push((address, text));
     }
-    Ok(all)
+    Ok(each)
 }
 
 /// `GET /metrics` over plain HTTP/1.0.
