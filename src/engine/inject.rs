@@ -205,6 +205,36 @@ impl Key {
             self.field(tag, text.as_bytes());
         }
     }
+
+    /// Labels or annotations: every entry (`all`, or [`Keys::All`]), each entry read, present
+    /// or not ([`Keys::Some`]), or none.
+    fn map<'e>(
+        &mut self,
+        tag: u8,
+        keys: &Keys,
+        all: bool,
+        entries: impl Iterator<Item = (&'e str, &'e str)>,
+    ) {
+        match keys {
+            Keys::None if !all => {}
+            Keys::Some(read) if !all => {
+                let entries: Vec<_> = entries.collect();
+                for k in read {
+                    self.field(tag, k.as_bytes());
+                    match entries.iter().find(|(have, _)| have == k) {
+                        Some((_, v)) => self.field(tag + 1, v.as_bytes()),
+                        None => self.field(40, b""),
+                    }
+                }
+            }
+            _ => {
+                for (k, v) in entries {
+                    self.field(tag, k.as_bytes());
+                    self.field(tag + 1, v.as_bytes());
+                }
+            }
+        }
+    }
 }
 
 impl<'a> PodFacts<'a> {
@@ -343,39 +373,8 @@ impl<'a> PodFacts<'a> {
         if all || reads.namespace {
             key.field(3, self.namespace.as_bytes());
         }
-        // Labels and annotations: every entry, or each entry read, present or not.
-        let maps = [
-            (
-                4,
-                &reads.labels,
-                self.context_labels(inj).collect::<Vec<_>>(),
-            ),
-            (
-                6,
-                &reads.annotations,
-                self.context_annotations(inj).collect(),
-            ),
-        ];
-        for (tag, keys, entries) in maps {
-            match keys {
-                Keys::Some(read) if !all => {
-                    for k in read {
-                        key.field(tag, k.as_bytes());
-                        match entries.iter().find(|(have, _)| have == k) {
-                            Some((_, v)) => key.field(tag + 1, v.as_bytes()),
-                            None => key.field(40, b""),
-                        }
-                    }
-                }
-                Keys::None if !all => {}
-                _ => {
-                    for (k, v) in entries {
-                        key.field(tag, k.as_bytes());
-                        key.field(tag + 1, v.as_bytes());
-                    }
-                }
-            }
-        }
+        key.map(4, &reads.labels, all, self.context_labels(inj));
+        key.map(6, &reads.annotations, all, self.context_annotations(inj));
         if all || reads.service_account {
             key.field(8, self.service_account().as_bytes());
         }
@@ -1252,29 +1251,16 @@ impl<S: Sink> PatchWriter<S> {
         self.text(b"}");
     }
 
-    /// A string's JSON escaping, without the quotes: `"` and `\\` escaped here, a control
-    /// character as serde_json escapes it.
+    /// A string's JSON escaping (serde_json's), without the quotes.
     fn json_str_body(&mut self, s: &str) {
-        let bytes = s.as_bytes();
-        let mut start = 0;
-        for (i, &b) in bytes.iter().enumerate() {
-            if b != b'"' && b != b'\\' && b >= 0x20 {
-                continue;
-            }
-            self.text(&bytes[start..i]);
-            match b {
-                b'"' => self.text(b"\\\""),
-                b'\\' => self.text(b"\\\\"),
-                control => {
-                    let mut quoted = Vec::with_capacity(8);
-                    // Writing a string into a Vec cannot fail.
-                    let _ = serde_json::to_writer(&mut quoted, &char::from(control).to_string());
-                    self.text(&quoted[1..quoted.len().saturating_sub(1)]);
-                }
-            }
-            start = i + 1;
+        if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+            self.text(s.as_bytes());
+            return;
         }
-        self.text(&bytes[start..]);
+        let mut quoted = Vec::with_capacity(s.len() + 8);
+        // Writing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut quoted, s);
+        self.text(&quoted[1..quoted.len().saturating_sub(1)]);
     }
 
     fn json_str(&mut self, s: &str) {
