@@ -4,7 +4,9 @@
 //! JSONPatch ([`to_patch`]) for the API server or applied to a typed pod ([`apply`]); a property
 //! test holds the two encodings equal.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
+
+use foldhash::HashSet;
 
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::{
@@ -404,7 +406,11 @@ impl<'a> PodFacts<'a> {
         }
         if wants(spec_keys, "volumes") {
             for v in &shown.volumes {
-                key.field(18, v.raw.get().as_bytes());
+                key.field(18, b"");
+                for (name, raw) in &v.members {
+                    key.field(18, name.as_bytes());
+                    key.field(18, raw.get().as_bytes());
+                }
             }
         }
         if let Some(spec) = &self.pod.spec {
@@ -607,7 +613,7 @@ fn project_spec(
     let volumes = shown
         .volumes
         .iter()
-        .map(|v| typed::<Volume>(v.raw))
+        .map(|v| serde_json::to_value(serde_json::from_str::<Volume>(&v.json())?))
         .collect::<Result<_, _>>()?;
     out.insert("volumes".into(), Value::Array(volumes));
     let text = |s: &Option<Str<'_>>| s.as_ref().map(|s| Value::from(s.as_str()));
@@ -775,7 +781,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         .and_then(|p| Some((p, p.context.as_ref()?)))
     {
         let (templates, notes, seen) = render(Some(context))?;
-        let same = fragment_hash(&templates) == previous.hash
+        let same = fragment_hash(inj, &templates) == previous.hash
             && templates
                 .iter()
                 .map(|t| &t.name)
@@ -791,7 +797,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     if templates.is_empty() && windows {
         return Ok(Decision::Skip(SkipReason::Windows));
     }
-    let hash = fragment_hash(&templates);
+    let hash = fragment_hash(inj, &templates);
     let kept = kept_containers(facts, previous.as_ref(), &templates, &hash, &mut notes);
     let status = serde_json::to_string(&Status {
         templates: templates.iter().map(|t| t.name.clone()).collect(),
@@ -883,19 +889,19 @@ fn kept_containers(
 }
 
 /// A short hash of what the templates rendered, for the status annotation.
-fn fragment_hash(templates: &[Rendered]) -> String {
-    let mut hasher = Sha256::new();
+fn fragment_hash(inj: &Injector, templates: &[Rendered]) -> String {
+    let mut input = Vec::with_capacity(templates.len() * 48);
     for t in templates {
-        hasher.update(t.name.as_bytes());
-        hasher.update([0]);
-        hasher.update(t.fragment.digest);
+        input.extend_from_slice(t.name.as_bytes());
+        input.push(0);
+        input.extend_from_slice(&t.fragment.digest);
     }
-    let mut out = String::with_capacity(16);
-    for b in &hasher.finalize()[..8] {
-        use std::fmt::Write as _;
-        let _ = write!(out, "{b:02x}");
-    }
-    out
+    // The same templates rendering the same fragments: the digest is remembered.
+    let digest = inj.templates.digest_with(input, |input| {
+        let sum = Sha256::digest(input);
+        sum[..8].iter().map(|b| format!("{b:02x}")).collect()
+    });
+    digest.to_string()
 }
 
 // === Edits ===
@@ -953,24 +959,24 @@ pub enum Edit<'p> {
 /// edits and planning again yields no edits (the fixed point).
 pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> Vec<Edit<'p>> {
     let spec = pod.spec.as_ref();
-    let mut taken: BTreeSet<&str> = pod
+    let mut taken: HashSet<&str> = pod
         .containers()
         .iter()
         .chain(pod.init_containers())
         .map(|c| c.name.as_str())
         .collect();
-    let sidecars: BTreeSet<&str> = plan
+    let sidecars: HashSet<&str> = plan
         .templates
         .iter()
         .flat_map(|t| t.fragment.sidecar_names())
         .collect();
-    let mut volumes: BTreeSet<&str> = spec
+    let mut volumes: HashSet<&str> = spec
         .map(|s| s.volumes())
         .unwrap_or_default()
         .iter()
         .map(|v| v.name.as_str())
         .collect();
-    let mut secrets: BTreeSet<&str> = spec
+    let mut secrets: HashSet<&str> = spec
         .map(|s| s.image_pull_secrets())
         .unwrap_or_default()
         .iter()
@@ -1018,10 +1024,12 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
             continue;
         }
         let mounts = container.volume_mounts.as_deref().unwrap_or_default();
-        let mut mount_names: BTreeSet<&str> = mounts.iter().map(|m| m.name()).collect();
-        let mut mount_paths: BTreeSet<&str> = mounts.iter().map(|m| m.mount_path()).collect();
-        let mut env_names: BTreeSet<&str> =
-            container.env.iter().flatten().map(|e| e.name()).collect();
+        let mut mount_names: HashSet<&str> = mounts.iter().map(|m| m.name()).collect();
+        let mut mount_paths: HashSet<&str> = mounts.iter().map(|m| m.mount_path()).collect();
+        let env = container.env.as_deref().unwrap_or_default();
+        let mut env_names: HashSet<&str> =
+            HashSet::with_capacity_and_hasher(env.len(), Default::default());
+        env_names.extend(env.iter().map(|e| e.name()));
         for t in &plan.templates {
             let f = &*t.fragment;
             for m in parts(&f.volume_mounts, &f.json.volume_mounts) {
@@ -1050,8 +1058,8 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
     let labels = pod.labels();
     let annotations = pod.annotations();
     let status_key = inj.config.status_annotation.as_str();
-    let mut new_labels = BTreeSet::new();
-    let mut new_annotations = BTreeSet::new();
+    let mut new_labels = HashSet::default();
+    let mut new_annotations = HashSet::default();
     for t in &plan.templates {
         for (key, value) in &t.fragment.labels {
             if !labels.contains_key(key.as_str()) && new_labels.insert(key) {

@@ -1,6 +1,6 @@
 //! Sidecar templates: minijinja sources rendered with a pod's context into a [`Fragment`].
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use sha2::{Digest as _, Sha256};
@@ -302,25 +302,22 @@ pub struct TemplateSet {
 ///   shares its fragment: the YAML of an output is read once, not once per context.
 #[derive(Default)]
 struct RenderCache {
-    by_context: std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>,
-    by_text: std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>,
+    by_context: Table<Fragment>,
+    by_text: Table<Fragment>,
+    /// Digests of lists of renderings, by the bytes they are computed from.
+    digests: Table<str>,
 }
 
 /// Bound on each table of cached renderings; a table starts over when it is full.
 const CACHE_LIMIT: usize = 4096;
 
-fn cached(
-    table: &std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>,
-    key: &[u8],
-) -> Option<Arc<Fragment>> {
+type Table<T> = std::sync::Mutex<foldhash::HashMap<Vec<u8>, Arc<T>>>;
+
+fn cached<T: ?Sized>(table: &Table<T>, key: &[u8]) -> Option<Arc<T>> {
     table.lock().ok()?.get(key).cloned()
 }
 
-fn keep(
-    table: &std::sync::Mutex<HashMap<Vec<u8>, Arc<Fragment>>>,
-    key: Vec<u8>,
-    fragment: Arc<Fragment>,
-) {
+fn keep<T: ?Sized>(table: &Table<T>, key: Vec<u8>, fragment: Arc<T>) {
     if let Ok(mut entries) = table.lock() {
         if entries.len() >= CACHE_LIMIT {
             entries.clear();
@@ -661,6 +658,17 @@ impl TemplateSet {
         };
         keep(&self.cache.by_context, full, fragment.clone());
         Ok(fragment)
+    }
+
+    /// `digest(input)`, computed once per distinct input (a pure function, so kept like a
+    /// rendering).
+    pub fn digest_with(&self, input: Vec<u8>, digest: impl FnOnce(&[u8]) -> String) -> Arc<str> {
+        if let Some(known) = cached(&self.cache.digests, &input) {
+            return known;
+        }
+        let computed: Arc<str> = digest(&input).into();
+        keep(&self.cache.digests, input, computed.clone());
+        computed
     }
 
     fn render_text(

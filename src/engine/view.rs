@@ -367,6 +367,16 @@ fn present(raw: &RawValue) -> Option<&RawValue> {
     (raw.get() != "null").then_some(raw)
 }
 
+/// Reads a member that is a string or `null`. The value is JSON the outer deserializer has
+/// already checked, so a string without escapes is its text between the quotes, borrowed.
+fn member_str<'a, E: serde::de::Error>(raw: &'a RawValue) -> Result<Str<'a>, E> {
+    let json = raw.get();
+    match json.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+        Some(text) if !text.contains('\\') => Ok(Str(Cow::Borrowed(text))),
+        _ => Ok(member::<Option<Str<'a>>, E>(raw)?.unwrap_or_default()),
+    }
+}
+
 /// Reads a member's value in the form `T`, as the error type of the outer deserializer.
 fn member<'a, T: Deserialize<'a>, E: serde::de::Error>(raw: &'a RawValue) -> Result<T, E> {
     serde_json::from_str(raw.get()).map_err(E::custom)
@@ -421,7 +431,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for ContainerView<'a> {
                     let raw: &'de RawValue = map.next_value()?;
                     let bit = match key.as_str() {
                         "name" => {
-                            c.name = member::<Option<Str<'de>>, _>(raw)?.unwrap_or_default();
+                            c.name = member_str(raw)?;
                             1
                         }
                         "image" => {
@@ -477,25 +487,56 @@ impl ContainerView<'_> {
     }
 }
 
-/// A volume: its name and its JSON.
+/// A volume: its name and its members, read in one pass.
 #[derive(Clone, Debug)]
 pub struct VolumeView<'a> {
     pub name: Str<'a>,
-    pub raw: &'a RawValue,
+    /// Every member.
+    pub members: Members<'a>,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for VolumeView<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let raw: &'a RawValue = Deserialize::deserialize(deserializer)?;
-        let named: NameView<'a> = member(raw)?;
-        Ok(Self {
-            name: named.name.unwrap_or_default(),
-            raw,
-        })
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = VolumeView<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a volume")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut v = VolumeView {
+                    name: Str::default(),
+                    members: Vec::with_capacity(4),
+                };
+                let mut named = false;
+                while let Some(key) = map.next_key::<Str<'de>>()? {
+                    let raw: &'de RawValue = map.next_value()?;
+                    if key.as_str() == "name" {
+                        // The name given twice is left to the typed road, as for a container.
+                        if named {
+                            return Err(serde::de::Error::custom("duplicate field `name`"));
+                        }
+                        named = true;
+                        v.name = member_str(raw)?;
+                    }
+                    v.members.push((key, raw));
+                }
+                Ok(v)
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
     }
 }
 
 impl VolumeView<'_> {
+    /// The volume's JSON, written back from its members.
+    pub fn json(&self) -> String {
+        object_json(&self.members)
+    }
+
     /// A ServiceAccount token volume as the ServiceAccount admission plugin adds it: its name is
     /// random per pod (`kube-api-access-*`) and it projects a token.
     pub fn is_token_volume(&self) -> Result<bool, serde_json::Error> {
@@ -518,7 +559,17 @@ impl VolumeView<'_> {
         if !self.name.starts_with("kube-api-access-") {
             return Ok(false);
         }
-        let v: Volume = serde_json::from_str(self.raw.get())?;
+        let mut projected = self
+            .members
+            .iter()
+            .filter(|(k, _)| k.as_str() == "projected");
+        let v = match (projected.next(), projected.next()) {
+            // The one member that tells, read alone.
+            (Some((_, raw)), None) => Volume {
+                projected: serde_json::from_str(raw.get())?,
+            },
+            _ => serde_json::from_str(&self.json())?,
+        };
         Ok(v.projected.is_some_and(|p| {
             p.sources
                 .iter()
@@ -611,6 +662,22 @@ mod tests {
     }
 
     #[test]
+    fn a_volume_is_read_in_one_pass_and_written_back_whole() {
+        let body = br#"{"spec":{"volumes":[{"name":"kube-api-access-x1","projected":{"sources":[{"serviceAccountToken":{"path":"token"}}]}},{"name":"kube-api-access-x2","projected":{"sources":[{"configMap":{"name":"c"}}]}},{"name":"d\u0041ta","emptyDir":{}}]}}"#;
+        let pod = PodView::parse(body).expect("reads");
+        let volumes = pod.spec.as_ref().expect("spec").volumes();
+        assert_eq!(volumes[0].name.as_str(), "kube-api-access-x1");
+        assert!(volumes[0].is_token_volume().expect("reads"));
+        assert!(!volumes[1].is_token_volume().expect("reads"));
+        assert_eq!(volumes[2].name.as_str(), "dAta");
+        assert!(!volumes[2].is_token_volume().expect("reads"));
+        let typed: k8s_openapi::api::core::v1::Volume =
+            serde_json::from_str(&volumes[0].json()).expect("typed");
+        assert_eq!(typed.name, "kube-api-access-x1");
+        assert!(typed.projected.is_some());
+    }
+
+    #[test]
     fn null_is_absent_and_a_repeated_map_key_keeps_the_last() {
         let body = br#"{"metadata":{"name":null,"labels":{"a":"1","a":"2"}},"spec":{"containers":null,"hostNetwork":null}}"#;
         let pod = PodView::parse(body).expect("reads");
@@ -626,6 +693,8 @@ mod tests {
         assert!(PodView::parse(br#"{"spec":{"containers":[{"name":"a","name":"b"}]}}"#).is_err());
         assert!(PodView::parse(br#"{"apiVersion":"v2"}"#).is_err());
         assert!(PodView::parse(br#"{"kind":null}"#).is_err());
+        assert!(PodView::parse(br#"{"spec":{"volumes":[{"name":"a","name":"b"}]}}"#).is_err());
+        assert!(PodView::parse(br#"{"spec":{"volumes":[{"name":1}]}}"#).is_err());
         // A field the engine does not read may repeat: the typed container keeps the last.
         let pod =
             PodView::parse(br#"{"spec":{"containers":[{"name":"a","tty":true,"tty":false}]}}"#)
