@@ -13,13 +13,12 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, LocalObjectReference, Pod, Volume, VolumeMount,
 };
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::engine::config::{Injector, NAMESPACE_ENABLED};
 use crate::engine::overrides::BadValue;
 use crate::engine::template::{Fragment, Keys, Owner, Piece, PodContext, Reads, TemplateError};
-use crate::engine::view::{ContainerView, PodView, SpecView, Str, StrMap, VolumeView};
+use crate::engine::view::{ContainerView, PodView, Raw, SpecView, Str, StrMap, VolumeView};
 
 /// Why an opted-in pod was not injected.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -196,7 +195,7 @@ impl Key {
         self.0.extend_from_slice(bytes);
     }
 
-    fn raw(&mut self, tag: u8, raw: Option<&RawValue>) {
+    fn raw(&mut self, tag: u8, raw: Option<Raw<'_>>) {
         if let Some(raw) = raw {
             self.field(tag, raw.get().as_bytes());
         }
@@ -565,7 +564,7 @@ impl Shown<'_> {
 
 /// Reads a field the typed way (k8s-openapi), as JSON for the template context.
 fn typed<T: serde::de::DeserializeOwned + Serialize>(
-    raw: &RawValue,
+    raw: Raw<'_>,
 ) -> Result<serde_json::Value, serde_json::Error> {
     serde_json::to_value(serde_json::from_str::<T>(raw.get())?)
 }

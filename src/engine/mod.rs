@@ -9,6 +9,7 @@
 pub mod config;
 pub mod explain;
 pub mod inject;
+pub mod json;
 pub mod manifest;
 pub mod outdated;
 pub mod overrides;

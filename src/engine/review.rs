@@ -132,7 +132,7 @@ pub fn answer_for(
 ) -> Result<Answer, ReviewError> {
     // A body that is UTF-8 is read as a string: its strings need no second check.
     if let Ok(text) = std::str::from_utf8(body)
-        && let Ok(review) = serde_json::from_str::<ReviewView<'_>>(text)
+        && let Ok(review) = ReviewView::parse(text)
         && VERSIONS.contains(&review.api_version.as_str())
         && let Some(req) = &review.request
     {

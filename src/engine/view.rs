@@ -1,26 +1,29 @@
 //! The AdmissionReview as the engine reads it: a borrowed view of the request body.
 //!
-//! Only what the injector and the validator read is deserialized (metadata, the names, env
-//! names and mounts of containers, volume names, the spec fields the template context shows);
-//! strings are borrowed from the body wherever JSON lets them be (no escapes), and everything
-//! else is skipped without being built. A container, a volume and the spec fields the template
-//! context projects are also kept as their raw JSON, so that the render-cache key is built from
-//! the request's own bytes and the typed form is built only when something needs it (a cache
-//! miss, the validator's comparison of a sidecar).
+//! Only what the injector and the validator read is read (metadata, the names, env names and
+//! mounts of containers, volume names, the spec fields the template context shows); strings
+//! are borrowed from the body wherever JSON lets them be (no escapes), and everything else is
+//! stepped over (checked, never built) by the [`super::json`] reader. A container, a volume
+//! and the spec fields the template context projects are also kept as their JSON text, so that
+//! the render-cache key is built from the request's own bytes and the typed form is built only
+//! when something needs it (a cache miss, the validator's comparison of a sidecar).
 //!
 //! The view reads fields as k8s-openapi does: `null` is absent, a missing string is empty, a
 //! map's repeated key keeps the last value. Where the view cannot read a body (a repeated
-//! field, a value of the wrong type in a field it reads), [`super::review`] reads it the typed
-//! way and builds the view from the typed object's canonical JSON, so both roads lead to the
-//! same engine. Fields the injector never reads are not checked here: the API server has
-//! decoded the object before it calls a webhook.
+//! field, a value of the wrong type in a field it reads, JSON the reader refuses),
+//! [`super::review`] reads it the typed way and builds the view from the typed object's
+//! canonical JSON, so both roads lead to the same engine. Fields the injector never reads are
+//! not checked beyond their JSON: the API server has decoded the object before it calls a
+//! webhook.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 use serde::de::IgnoredAny;
-use serde_json::value::RawValue;
+
+pub use super::json::Raw;
+use super::json::{JsonError, Reader, Result as R};
 
 /// A string of the body: borrowed when it has no escapes.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -61,90 +64,33 @@ fn text<'s>(s: &'s Option<Str<'_>>) -> &'s str {
 
 /// The review envelope: what the typed `AdmissionReview<Pod>` requires is required here too,
 /// so that a body the view reads is one the typed path reads.
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug)]
 pub struct ReviewView<'a> {
-    #[serde(borrow)]
     pub api_version: Str<'a>,
-    #[serde(borrow)]
     pub kind: Str<'a>,
-    #[serde(default, borrow)]
     pub request: Option<RequestView<'a>>,
-    #[serde(default, rename = "response")]
-    _response: Option<IgnoredAny>,
 }
 
 /// The request of a review (see `kube::core::admission::AdmissionRequest`, whose required fields
 /// it requires, read with the same types but borrowed).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug)]
 pub struct RequestView<'a> {
-    #[serde(borrow)]
     pub uid: Str<'a>,
-    #[serde(borrow)]
     pub kind: Gvk<'a>,
-    #[serde(borrow, rename = "resource")]
-    _resource: Gvr<'a>,
-    #[serde(default, borrow)]
     pub sub_resource: Option<Str<'a>>,
-    #[serde(default, borrow, rename = "requestKind")]
-    _request_kind: Option<Gvk<'a>>,
-    #[serde(default, borrow, rename = "requestResource")]
-    _request_resource: Option<Gvr<'a>>,
-    #[serde(default, borrow, rename = "requestSubResource")]
-    _request_sub_resource: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub name: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub namespace: Option<Str<'a>>,
     pub operation: kube::core::admission::Operation,
-    #[serde(borrow, rename = "userInfo")]
-    _user_info: UserInfo<'a>,
-    #[serde(default, borrow)]
     pub object: Option<PodView<'a>>,
-    #[serde(default, borrow)]
     pub old_object: Option<PodView<'a>>,
-    #[serde(default, rename = "dryRun")]
-    _dry_run: bool,
-    #[serde(default, rename = "options")]
-    _options: Option<k8s_openapi::apimachinery::pkg::runtime::RawExtension>,
 }
 
 /// `kube::core::GroupVersionKind`, borrowed.
-#[derive(Debug, Deserialize)]
+#[derive(Debug)]
 pub struct Gvk<'a> {
-    #[serde(borrow)]
     pub group: Str<'a>,
-    #[serde(borrow)]
     pub version: Str<'a>,
-    #[serde(borrow)]
     pub kind: Str<'a>,
-}
-
-/// `kube::core::GroupVersionResource`, borrowed.
-#[derive(Debug, Deserialize)]
-struct Gvr<'a> {
-    #[serde(borrow, rename = "group")]
-    _group: Str<'a>,
-    #[serde(borrow, rename = "version")]
-    _version: Str<'a>,
-    #[serde(borrow, rename = "resource")]
-    _resource: Str<'a>,
-    #[serde(default, borrow, rename = "api_version")]
-    _api_version: Str<'a>,
-}
-
-/// `k8s_openapi::api::authentication::v1::UserInfo`, borrowed.
-#[derive(Debug, Deserialize)]
-struct UserInfo<'a> {
-    #[serde(default, borrow, rename = "username")]
-    _username: Option<Str<'a>>,
-    #[serde(default, borrow, rename = "uid")]
-    _uid: Option<Str<'a>>,
-    #[serde(default, borrow, rename = "groups")]
-    _groups: Option<Vec<Str<'a>>>,
-    #[serde(default, borrow, rename = "extra")]
-    _extra: Option<BTreeMap<Str<'a>, Vec<Str<'a>>>>,
 }
 
 impl RequestView<'_> {
@@ -161,70 +107,39 @@ impl RequestView<'_> {
     }
 }
 
+impl<'a> ReviewView<'a> {
+    /// Reads an AdmissionReview from its JSON text.
+    pub fn parse(text: &'a str) -> Result<Self, JsonError> {
+        let mut r = Reader::new(text);
+        let review = review(&mut r)?;
+        r.end()?;
+        Ok(review)
+    }
+}
+
 /// A pod.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default)]
 pub struct PodView<'a> {
-    /// Checked as k8s-openapi checks it: when present, exactly `v1`.
-    #[serde(default, deserialize_with = "v1", rename = "apiVersion")]
-    _api_version: (),
-    /// Checked as k8s-openapi checks it: when present, exactly `Pod`.
-    #[serde(default, deserialize_with = "pod_kind", rename = "kind")]
-    _kind: (),
-    #[serde(default, borrow)]
     pub metadata: Option<MetaView<'a>>,
-    #[serde(default, borrow)]
     pub spec: Option<SpecView<'a>>,
 }
 
-fn exactly<'de, D: serde::Deserializer<'de>>(deserializer: D, want: &str) -> Result<(), D::Error> {
-    let have = Str::deserialize(deserializer)?;
-    if have.as_str() != want {
-        return Err(serde::de::Error::invalid_value(
-            serde::de::Unexpected::Str(&have),
-            &want,
-        ));
-    }
-    Ok(())
-}
-
-fn v1<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D::Error> {
-    exactly(deserializer, "v1")
-}
-
-fn pod_kind<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<(), D::Error> {
-    exactly(deserializer, "Pod")
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default)]
 pub struct MetaView<'a> {
-    #[serde(default, borrow)]
     pub name: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub generate_name: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub namespace: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub labels: Option<StrMap<'a>>,
-    #[serde(default, borrow)]
     pub annotations: Option<StrMap<'a>>,
-    #[serde(default, borrow)]
     pub owner_references: Option<Vec<OwnerView<'a>>>,
-    #[serde(default, borrow)]
-    pub deletion_timestamp: Option<&'a RawValue>,
+    pub deletion_timestamp: Option<Raw<'a>>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default)]
 pub struct OwnerView<'a> {
-    #[serde(default, borrow)]
     pub api_version: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub kind: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub name: Option<Str<'a>>,
-    #[serde(default)]
     pub controller: Option<bool>,
 }
 
@@ -240,38 +155,22 @@ impl OwnerView<'_> {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default)]
 pub struct SpecView<'a> {
-    #[serde(default, borrow)]
     pub containers: Option<Vec<ContainerView<'a>>>,
-    #[serde(default, borrow)]
     pub init_containers: Option<Vec<ContainerView<'a>>>,
-    #[serde(default, borrow)]
     pub volumes: Option<Vec<VolumeView<'a>>>,
-    #[serde(default, borrow)]
     pub image_pull_secrets: Option<Vec<NameView<'a>>>,
-    #[serde(default)]
     pub host_network: Option<bool>,
-    #[serde(default, borrow)]
     pub node_selector: Option<StrMap<'a>>,
-    #[serde(default, borrow)]
-    pub os: Option<&'a RawValue>,
-    #[serde(default, borrow)]
+    pub os: Option<Raw<'a>>,
     pub service_account_name: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    pub security_context: Option<&'a RawValue>,
-    #[serde(default, borrow)]
+    pub security_context: Option<Raw<'a>>,
     pub priority_class_name: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub runtime_class_name: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub restart_policy: Option<Str<'a>>,
-    #[serde(default)]
     pub share_process_namespace: Option<bool>,
-    #[serde(default, borrow)]
     pub hostname: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub subdomain: Option<Str<'a>>,
 }
 
@@ -306,9 +205,8 @@ impl<'a> SpecView<'a> {
 }
 
 /// Something with a name (an image pull secret, an env var).
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default)]
 pub struct NameView<'a> {
-    #[serde(default, borrow)]
     pub name: Option<Str<'a>>,
 }
 
@@ -318,12 +216,9 @@ impl NameView<'_> {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default)]
 pub struct MountView<'a> {
-    #[serde(default, borrow)]
     pub name: Option<Str<'a>>,
-    #[serde(default, borrow)]
     pub mount_path: Option<Str<'a>>,
 }
 
@@ -337,7 +232,7 @@ impl MountView<'_> {
 }
 
 /// An object's members as they came: each key with its value's JSON, in order.
-pub type Members<'a> = Vec<(Str<'a>, &'a RawValue)>;
+pub type Members<'a> = Vec<(Str<'a>, Raw<'a>)>;
 
 /// The object written back from its members (a repeated key stays repeated), for reading it
 /// the typed way.
@@ -363,121 +258,23 @@ fn object_json(members: &Members<'_>) -> String {
     out
 }
 
-fn present(raw: &RawValue) -> Option<&RawValue> {
-    (raw.get() != "null").then_some(raw)
-}
-
-/// Reads a member that is a string or `null`. The value is JSON the outer deserializer has
-/// already checked, so a string without escapes is its text between the quotes, borrowed.
-fn member_str<'a, E: serde::de::Error>(raw: &'a RawValue) -> Result<Str<'a>, E> {
-    let json = raw.get();
-    match json.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
-        Some(text) if !text.contains('\\') => Ok(Str(Cow::Borrowed(text))),
-        _ => Ok(member::<Option<Str<'a>>, E>(raw)?.unwrap_or_default()),
-    }
-}
-
-/// Reads a member's value in the form `T`, as the error type of the outer deserializer.
-fn member<'a, T: Deserialize<'a>, E: serde::de::Error>(raw: &'a RawValue) -> Result<T, E> {
-    serde_json::from_str(raw.get()).map_err(E::custom)
-}
-
-/// A container: the fields the engine reads, and every member's JSON. The container is
-/// scanned once: each member is taken as raw JSON and only the ones the engine reads are read
-/// again (its name, env names, mount names and paths).
+/// A container: the fields the engine reads, and every member's JSON. The container is read
+/// once: each member is kept as its JSON text, and the ones the engine reads (its name, env
+/// names, mount names and paths) are read in the same pass.
 #[derive(Clone, Debug)]
 pub struct ContainerView<'a> {
     pub name: Str<'a>,
     /// The fields the template context projects (`image`, `command`, `args`, `workingDir`,
     /// `ports`), as JSON.
-    pub image: Option<&'a RawValue>,
-    pub command: Option<&'a RawValue>,
-    pub args: Option<&'a RawValue>,
-    pub working_dir: Option<&'a RawValue>,
-    pub ports: Option<&'a RawValue>,
+    pub image: Option<Raw<'a>>,
+    pub command: Option<Raw<'a>>,
+    pub args: Option<Raw<'a>>,
+    pub working_dir: Option<Raw<'a>>,
+    pub ports: Option<Raw<'a>>,
     pub env: Option<Vec<NameView<'a>>>,
     pub volume_mounts: Option<Vec<MountView<'a>>>,
     /// Every member.
     pub members: Members<'a>,
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for ContainerView<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = ContainerView<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a container")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut c = ContainerView {
-                    name: Str::default(),
-                    image: None,
-                    command: None,
-                    args: None,
-                    working_dir: None,
-                    ports: None,
-                    env: None,
-                    volume_mounts: None,
-                    members: Vec::with_capacity(16),
-                };
-                // A field the engine reads, given twice, is left to the typed road (k8s-openapi
-                // keeps the last; the view does not guess).
-                let mut read = 0u8;
-                while let Some(key) = map.next_key::<Str<'de>>()? {
-                    let raw: &'de RawValue = map.next_value()?;
-                    let bit = match key.as_str() {
-                        "name" => {
-                            c.name = member_str(raw)?;
-                            1
-                        }
-                        "image" => {
-                            c.image = present(raw);
-                            2
-                        }
-                        "command" => {
-                            c.command = present(raw);
-                            4
-                        }
-                        "args" => {
-                            c.args = present(raw);
-                            8
-                        }
-                        "workingDir" => {
-                            c.working_dir = present(raw);
-                            16
-                        }
-                        "ports" => {
-                            c.ports = present(raw);
-                            32
-                        }
-                        "env" => {
-                            c.env = member(raw)?;
-                            64
-                        }
-                        "volumeMounts" => {
-                            c.volume_mounts = member(raw)?;
-                            128
-                        }
-                        _ => 0,
-                    };
-                    if read & bit != 0 {
-                        return Err(serde::de::Error::custom(format_args!(
-                            "duplicate field `{}`",
-                            key.as_str()
-                        )));
-                    }
-                    read |= bit;
-                    c.members.push((key, raw));
-                }
-                Ok(c)
-            }
-        }
-        deserializer.deserialize_map(Visit(std::marker::PhantomData))
-    }
 }
 
 impl ContainerView<'_> {
@@ -493,42 +290,6 @@ pub struct VolumeView<'a> {
     pub name: Str<'a>,
     /// Every member.
     pub members: Members<'a>,
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for VolumeView<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = VolumeView<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a volume")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Self::Value, A::Error> {
-                let mut v = VolumeView {
-                    name: Str::default(),
-                    members: Vec::with_capacity(4),
-                };
-                let mut named = false;
-                while let Some(key) = map.next_key::<Str<'de>>()? {
-                    let raw: &'de RawValue = map.next_value()?;
-                    if key.as_str() == "name" {
-                        // The name given twice is left to the typed road, as for a container.
-                        if named {
-                            return Err(serde::de::Error::custom("duplicate field `name`"));
-                        }
-                        named = true;
-                        v.name = member_str(raw)?;
-                    }
-                    v.members.push((key, raw));
-                }
-                Ok(v)
-            }
-        }
-        deserializer.deserialize_map(Visit(std::marker::PhantomData))
-    }
 }
 
 impl VolumeView<'_> {
@@ -591,10 +352,10 @@ pub fn pod_json(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<u8> {
 impl<'a> PodView<'a> {
     /// Reads a pod from JSON.
     pub fn parse(json: &'a [u8]) -> Result<Self, serde_json::Error> {
-        match std::str::from_utf8(json) {
-            Ok(text) => serde_json::from_str(text),
-            Err(_) => serde_json::from_slice(json),
-        }
+        let text = std::str::from_utf8(json).map_err(serde::de::Error::custom)?;
+        let mut r = Reader::new(text);
+        let pod = pod(&mut r).and_then(|pod| r.end().map(|()| pod));
+        pod.map_err(serde::de::Error::custom)
     }
 
     pub fn meta(&self) -> &MetaView<'a> {
@@ -641,6 +402,570 @@ impl<'a> PodView<'a> {
     pub fn init_containers(&self) -> &[ContainerView<'a>] {
         self.spec.as_ref().map_or(&[], |s| s.init_containers())
     }
+}
+
+// === Reading ===
+//
+// Each reader follows what serde's derive would do for the typed field: an unknown member is
+// stepped over, a known member given twice is refused, `null` is an absent optional field, a
+// required field that is missing is refused, and a value of another type is refused.
+
+/// Marks a known member as read; a second time is refused.
+fn once(r: &Reader<'_>, read: &mut u32, bit: u32) -> R<()> {
+    if *read & bit != 0 {
+        return Err(r.wrong("duplicate field"));
+    }
+    *read |= bit;
+    Ok(())
+}
+
+fn string<'a>(r: &mut Reader<'a>) -> R<Str<'a>> {
+    r.string().map(Str)
+}
+
+fn optional<'a, T>(r: &mut Reader<'a>, read: impl FnOnce(&mut Reader<'a>) -> R<T>) -> R<Option<T>> {
+    if r.null()? {
+        Ok(None)
+    } else {
+        read(r).map(Some)
+    }
+}
+
+fn opt_string<'a>(r: &mut Reader<'a>) -> R<Option<Str<'a>>> {
+    optional(r, string)
+}
+
+fn opt_bool(r: &mut Reader<'_>) -> R<Option<bool>> {
+    optional(r, Reader::bool)
+}
+
+fn opt_raw<'a>(r: &mut Reader<'a>) -> R<Option<Raw<'a>>> {
+    optional(r, Reader::raw)
+}
+
+fn list<'a, T>(r: &mut Reader<'a>, mut read: impl FnMut(&mut Reader<'a>) -> R<T>) -> R<Vec<T>> {
+    let mut out = Vec::new();
+    r.array(|r| {
+        out.push(read(r)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn str_map<'a>(r: &mut Reader<'a>) -> R<StrMap<'a>> {
+    let mut map = BTreeMap::new();
+    r.object(|r, key| {
+        let value = string(r)?;
+        map.insert(Str(key), value);
+        Ok(())
+    })?;
+    Ok(map)
+}
+
+fn required<T>(r: &Reader<'_>, value: Option<T>) -> R<T> {
+    value.ok_or_else(|| r.wrong("missing field"))
+}
+
+fn review<'a>(r: &mut Reader<'a>) -> R<ReviewView<'a>> {
+    let (mut api_version, mut kind, mut request) = (None, None, None);
+    let mut read = 0;
+    r.object(|r, key| match &*key {
+        "apiVersion" => {
+            once(r, &mut read, 1)?;
+            api_version = Some(string(r)?);
+            Ok(())
+        }
+        "kind" => {
+            once(r, &mut read, 2)?;
+            kind = Some(string(r)?);
+            Ok(())
+        }
+        "request" => {
+            once(r, &mut read, 4)?;
+            request = optional(r, request_view)?;
+            Ok(())
+        }
+        "response" => {
+            once(r, &mut read, 8)?;
+            r.skip()
+        }
+        _ => r.skip(),
+    })?;
+    Ok(ReviewView {
+        api_version: required(r, api_version)?,
+        kind: required(r, kind)?,
+        request,
+    })
+}
+
+fn operation(r: &mut Reader<'_>) -> R<kube::core::admission::Operation> {
+    use serde::de::IntoDeserializer as _;
+    let name = r.string()?;
+    let de: serde::de::value::StrDeserializer<'_, serde::de::value::Error> =
+        name.as_ref().into_deserializer();
+    kube::core::admission::Operation::deserialize(de).map_err(|_| r.wrong("unknown operation"))
+}
+
+fn request_view<'a>(r: &mut Reader<'a>) -> R<RequestView<'a>> {
+    let (mut uid, mut kind, mut resource, mut operation_, mut user_info) =
+        (None, None, None, None, None);
+    let mut req = RequestView {
+        uid: Str::default(),
+        kind: Gvk {
+            group: Str::default(),
+            version: Str::default(),
+            kind: Str::default(),
+        },
+        sub_resource: None,
+        name: None,
+        namespace: None,
+        operation: kube::core::admission::Operation::Create,
+        object: None,
+        old_object: None,
+    };
+    let mut read = 0;
+    r.object(|r, key| {
+        match &*key {
+            "uid" => {
+                once(r, &mut read, 1)?;
+                uid = Some(string(r)?);
+            }
+            "kind" => {
+                once(r, &mut read, 2)?;
+                kind = Some(gvk(r)?);
+            }
+            "resource" => {
+                once(r, &mut read, 4)?;
+                resource = Some(gvr(r)?);
+            }
+            "subResource" => {
+                once(r, &mut read, 8)?;
+                req.sub_resource = opt_string(r)?;
+            }
+            "requestKind" => {
+                once(r, &mut read, 16)?;
+                optional(r, gvk)?;
+            }
+            "requestResource" => {
+                once(r, &mut read, 32)?;
+                optional(r, gvr)?;
+            }
+            "requestSubResource" => {
+                once(r, &mut read, 64)?;
+                opt_string(r)?;
+            }
+            "name" => {
+                once(r, &mut read, 128)?;
+                req.name = opt_string(r)?;
+            }
+            "namespace" => {
+                once(r, &mut read, 256)?;
+                req.namespace = opt_string(r)?;
+            }
+            "operation" => {
+                once(r, &mut read, 512)?;
+                operation_ = Some(operation(r)?);
+            }
+            "userInfo" => {
+                once(r, &mut read, 1024)?;
+                user_info = Some(self::user_info(r)?);
+            }
+            "object" => {
+                once(r, &mut read, 2048)?;
+                req.object = optional(r, pod)?;
+            }
+            "oldObject" => {
+                once(r, &mut read, 4096)?;
+                req.old_object = optional(r, pod)?;
+            }
+            "dryRun" => {
+                once(r, &mut read, 8192)?;
+                r.bool()?;
+            }
+            "options" => {
+                once(r, &mut read, 16384)?;
+                r.skip()?;
+            }
+            _ => r.skip()?,
+        }
+        Ok(())
+    })?;
+    req.uid = required(r, uid)?;
+    req.kind = required(r, kind)?;
+    required(r, resource)?;
+    req.operation = required(r, operation_)?;
+    required(r, user_info)?;
+    Ok(req)
+}
+
+fn gvk<'a>(r: &mut Reader<'a>) -> R<Gvk<'a>> {
+    let (mut group, mut version, mut kind) = (None, None, None);
+    let mut read = 0;
+    r.object(|r, key| {
+        match &*key {
+            "group" => {
+                once(r, &mut read, 1)?;
+                group = Some(string(r)?);
+            }
+            "version" => {
+                once(r, &mut read, 2)?;
+                version = Some(string(r)?);
+            }
+            "kind" => {
+                once(r, &mut read, 4)?;
+                kind = Some(string(r)?);
+            }
+            _ => r.skip()?,
+        }
+        Ok(())
+    })?;
+    Ok(Gvk {
+        group: required(r, group)?,
+        version: required(r, version)?,
+        kind: required(r, kind)?,
+    })
+}
+
+/// `kube::core::GroupVersionResource`: checked, not kept.
+fn gvr(r: &mut Reader<'_>) -> R<()> {
+    let mut read = 0;
+    r.object(|r, key| {
+        let bit = match &*key {
+            "group" => 1,
+            "version" => 2,
+            "resource" => 4,
+            "api_version" => 8,
+            _ => return r.skip(),
+        };
+        once(r, &mut read, bit)?;
+        string(r).map(drop)
+    })?;
+    if read & 7 != 7 {
+        return Err(r.wrong("missing field"));
+    }
+    Ok(())
+}
+
+/// `k8s_openapi::api::authentication::v1::UserInfo`: checked, not kept.
+fn user_info(r: &mut Reader<'_>) -> R<()> {
+    let mut read = 0;
+    r.object(|r, key| {
+        match &*key {
+            "username" | "uid" => {
+                once(r, &mut read, if &*key == "username" { 1 } else { 2 })?;
+                opt_string(r)?;
+            }
+            "groups" => {
+                once(r, &mut read, 4)?;
+                optional(r, |r| list(r, string))?;
+            }
+            "extra" => {
+                once(r, &mut read, 8)?;
+                optional(r, |r| r.object(|r, _| list(r, string).map(drop)))?;
+            }
+            _ => r.skip()?,
+        }
+        Ok(())
+    })
+}
+
+/// `apiVersion` and `kind` are checked as k8s-openapi checks them: when present, exactly these.
+fn exactly(r: &mut Reader<'_>, want: &str) -> R<()> {
+    if r.string()? != want {
+        return Err(r.wrong("unexpected apiVersion or kind"));
+    }
+    Ok(())
+}
+
+fn pod<'a>(r: &mut Reader<'a>) -> R<PodView<'a>> {
+    let mut pod = PodView::default();
+    let mut read = 0;
+    r.object(|r, key| {
+        match &*key {
+            "apiVersion" => {
+                once(r, &mut read, 1)?;
+                exactly(r, "v1")?;
+            }
+            "kind" => {
+                once(r, &mut read, 2)?;
+                exactly(r, "Pod")?;
+            }
+            "metadata" => {
+                once(r, &mut read, 4)?;
+                pod.metadata = optional(r, meta)?;
+            }
+            "spec" => {
+                once(r, &mut read, 8)?;
+                pod.spec = optional(r, spec)?;
+            }
+            _ => r.skip()?,
+        }
+        Ok(())
+    })?;
+    Ok(pod)
+}
+
+fn meta<'a>(r: &mut Reader<'a>) -> R<MetaView<'a>> {
+    let mut m = MetaView::default();
+    let mut read = 0;
+    r.object(|r, key| {
+        match &*key {
+            "name" => {
+                once(r, &mut read, 1)?;
+                m.name = opt_string(r)?;
+            }
+            "generateName" => {
+                once(r, &mut read, 2)?;
+                m.generate_name = opt_string(r)?;
+            }
+            "namespace" => {
+                once(r, &mut read, 4)?;
+                m.namespace = opt_string(r)?;
+            }
+            "labels" => {
+                once(r, &mut read, 8)?;
+                m.labels = optional(r, str_map)?;
+            }
+            "annotations" => {
+                once(r, &mut read, 16)?;
+                m.annotations = optional(r, str_map)?;
+            }
+            "ownerReferences" => {
+                once(r, &mut read, 32)?;
+                m.owner_references = optional(r, |r| list(r, owner))?;
+            }
+            "deletionTimestamp" => {
+                once(r, &mut read, 64)?;
+                m.deletion_timestamp = opt_raw(r)?;
+            }
+            _ => r.skip()?,
+        }
+        Ok(())
+    })?;
+    Ok(m)
+}
+
+fn owner<'a>(r: &mut Reader<'a>) -> R<OwnerView<'a>> {
+    let mut o = OwnerView::default();
+    let mut read = 0;
+    r.object(|r, key| {
+        match &*key {
+            "apiVersion" => {
+                once(r, &mut read, 1)?;
+                o.api_version = opt_string(r)?;
+            }
+            "kind" => {
+                once(r, &mut read, 2)?;
+                o.kind = opt_string(r)?;
+            }
+            "name" => {
+                once(r, &mut read, 4)?;
+                o.name = opt_string(r)?;
+            }
+            "controller" => {
+                once(r, &mut read, 8)?;
+                o.controller = opt_bool(r)?;
+            }
+            _ => r.skip()?,
+        }
+        Ok(())
+    })?;
+    Ok(o)
+}
+
+fn spec<'a>(r: &mut Reader<'a>) -> R<SpecView<'a>> {
+    let mut s = SpecView::default();
+    let mut read = 0;
+    r.object(|r, key| {
+        match &*key {
+            "containers" => {
+                once(r, &mut read, 1)?;
+                s.containers = optional(r, |r| list(r, container))?;
+            }
+            "initContainers" => {
+                once(r, &mut read, 2)?;
+                s.init_containers = optional(r, |r| list(r, container))?;
+            }
+            "volumes" => {
+                once(r, &mut read, 4)?;
+                s.volumes = optional(r, |r| list(r, volume))?;
+            }
+            "imagePullSecrets" => {
+                once(r, &mut read, 8)?;
+                s.image_pull_secrets = optional(r, |r| list(r, name_view))?;
+            }
+            "hostNetwork" => {
+                once(r, &mut read, 16)?;
+                s.host_network = opt_bool(r)?;
+            }
+            "nodeSelector" => {
+                once(r, &mut read, 32)?;
+                s.node_selector = optional(r, str_map)?;
+            }
+            "os" => {
+                once(r, &mut read, 64)?;
+                s.os = opt_raw(r)?;
+            }
+            "serviceAccountName" => {
+                once(r, &mut read, 128)?;
+                s.service_account_name = opt_string(r)?;
+            }
+            "securityContext" => {
+                once(r, &mut read, 256)?;
+                s.security_context = opt_raw(r)?;
+            }
+            "priorityClassName" => {
+                once(r, &mut read, 512)?;
+                s.priority_class_name = opt_string(r)?;
+            }
+            "runtimeClassName" => {
+                once(r, &mut read, 1024)?;
+                s.runtime_class_name = opt_string(r)?;
+            }
+            "restartPolicy" => {
+                once(r, &mut read, 2048)?;
+                s.restart_policy = opt_string(r)?;
+            }
+            "shareProcessNamespace" => {
+                once(r, &mut read, 4096)?;
+                s.share_process_namespace = opt_bool(r)?;
+            }
+            "hostname" => {
+                once(r, &mut read, 8192)?;
+                s.hostname = opt_string(r)?;
+            }
+            "subdomain" => {
+                once(r, &mut read, 16384)?;
+                s.subdomain = opt_string(r)?;
+            }
+            _ => r.skip()?,
+        }
+        Ok(())
+    })?;
+    Ok(s)
+}
+
+fn name_view<'a>(r: &mut Reader<'a>) -> R<NameView<'a>> {
+    let mut n = NameView::default();
+    let mut read = 0;
+    r.object(|r, key| {
+        if &*key == "name" {
+            once(r, &mut read, 1)?;
+            n.name = opt_string(r)?;
+            Ok(())
+        } else {
+            r.skip()
+        }
+    })?;
+    Ok(n)
+}
+
+fn mount<'a>(r: &mut Reader<'a>) -> R<MountView<'a>> {
+    let mut m = MountView::default();
+    let mut read = 0;
+    r.object(|r, key| {
+        match &*key {
+            "name" => {
+                once(r, &mut read, 1)?;
+                m.name = opt_string(r)?;
+            }
+            "mountPath" => {
+                once(r, &mut read, 2)?;
+                m.mount_path = opt_string(r)?;
+            }
+            _ => r.skip()?,
+        }
+        Ok(())
+    })?;
+    Ok(m)
+}
+
+/// A member's value, as JSON text, and absent when it is `null`.
+fn present(raw: Raw<'_>) -> Option<Raw<'_>> {
+    (raw.get() != "null").then_some(raw)
+}
+
+fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
+    let mut c = ContainerView {
+        name: Str::default(),
+        image: None,
+        command: None,
+        args: None,
+        working_dir: None,
+        ports: None,
+        env: None,
+        volume_mounts: None,
+        members: Vec::with_capacity(16),
+    };
+    // A field the engine reads, given twice, is left to the typed road (k8s-openapi keeps the
+    // last; the view does not guess).
+    let mut read = 0;
+    r.object(|r, key| {
+        let raw = match &*key {
+            "name" => {
+                once(r, &mut read, 1)?;
+                let (name, raw) = r.spanned(opt_string)?;
+                c.name = name.unwrap_or_default();
+                raw
+            }
+            "env" => {
+                once(r, &mut read, 2)?;
+                let (env, raw) = r.spanned(|r| optional(r, |r| list(r, name_view)))?;
+                c.env = env;
+                raw
+            }
+            "volumeMounts" => {
+                once(r, &mut read, 4)?;
+                let (mounts, raw) = r.spanned(|r| optional(r, |r| list(r, mount)))?;
+                c.volume_mounts = mounts;
+                raw
+            }
+            field => {
+                let slot = match field {
+                    "image" => Some((8, &mut c.image)),
+                    "command" => Some((16, &mut c.command)),
+                    "args" => Some((32, &mut c.args)),
+                    "workingDir" => Some((64, &mut c.working_dir)),
+                    "ports" => Some((128, &mut c.ports)),
+                    _ => None,
+                };
+                let raw = r.raw()?;
+                if let Some((bit, slot)) = slot {
+                    once(r, &mut read, bit)?;
+                    *slot = present(raw);
+                }
+                raw
+            }
+        };
+        c.members.push((Str(key), raw));
+        Ok(())
+    })?;
+    Ok(c)
+}
+
+fn volume<'a>(r: &mut Reader<'a>) -> R<VolumeView<'a>> {
+    let mut v = VolumeView {
+        name: Str::default(),
+        members: Vec::with_capacity(4),
+    };
+    let mut named = false;
+    r.object(|r, key| {
+        let raw = if &*key == "name" {
+            // The name given twice is left to the typed road, as for a container.
+            if named {
+                return Err(r.wrong("duplicate field"));
+            }
+            named = true;
+            let (name, raw) = r.spanned(opt_string)?;
+            v.name = name.unwrap_or_default();
+            raw
+        } else {
+            r.raw()?
+        };
+        v.members.push((Str(key), raw));
+        Ok(())
+    })?;
+    Ok(v)
 }
 
 #[cfg(test)]

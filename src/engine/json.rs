@@ -1,0 +1,619 @@
+//! A strict JSON reader over a borrowed text, for the view ([`super::view`]): it reads the
+//! members the engine needs and steps over everything else, checking it, without building it.
+//!
+//! Why not serde_json here: stepping over the bench's 5.5 KB review costs serde_json about
+//! 70,000 instructions (jiter about 74,000, simd-json about 60,000 with AVX2), which is the
+//! whole instruction budget of a review (BENCHMARKS.md, "What the goals need"). This reader
+//! does the same check in about a third of that, because it never builds a value it skips.
+//!
+//! It accepts a subset of what serde_json accepts, never more (`tests/json_reader.rs` holds it
+//! to that on generated and hostile texts): where it refuses, the review takes the typed road,
+//! so being stricter costs time, never an answer. It is stricter in two places: a `\u` escape
+//! must not leave a lone surrogate even in a string that is skipped, and nesting stops at
+//! [`DEPTH`] levels everywhere, where serde_json stops typed values (it steps over ignored
+//! values of any depth).
+
+use std::borrow::Cow;
+
+/// Nesting limit: serde_json reads 127 levels into typed values and refuses 128.
+pub const DEPTH: u32 = 127;
+
+/// What went wrong, and where (a byte offset into the text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonError {
+    pub what: &'static str,
+    pub at: usize,
+}
+
+impl std::fmt::Display for JsonError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at byte {}", self.what, self.at)
+    }
+}
+
+impl std::error::Error for JsonError {}
+
+pub type Result<T> = std::result::Result<T, JsonError>;
+
+/// A JSON value as it is written in the text (checked), for reading it later the typed way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
+}
+
+/// The kind of the next value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    Object,
+    Array,
+    String,
+    Number,
+    Bool,
+    Null,
+}
+
+pub struct Reader<'a> {
+    text: &'a str,
+    bytes: &'a [u8],
+    pos: usize,
+    depth: u32,
+}
+
+/// Bytes that end the plain run of a string: the quote, the backslash, control characters.
+static STOP: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        table[i] = true;
+        i += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};
+
+impl<'a> Reader<'a> {
+    pub fn new(text: &'a str) -> Self {
+        Self {
+            text,
+            bytes: text.as_bytes(),
+            pos: 0,
+            depth: 0,
+        }
+    }
+
+    fn error<T>(&self, what: &'static str) -> Result<T> {
+        Err(JsonError { what, at: self.pos })
+    }
+
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.bytes.get(self.pos) {
+            self.pos += 1;
+        }
+    }
+
+    /// The kind of the next value (after whitespace).
+    pub fn peek(&mut self) -> Result<Next> {
+        self.ws();
+        Ok(match self.bytes.get(self.pos) {
+            Some(b'{') => Next::Object,
+            Some(b'[') => Next::Array,
+            Some(b'"') => Next::String,
+            Some(b'-' | b'0'..=b'9') => Next::Number,
+            Some(b't' | b'f') => Next::Bool,
+            Some(b'n') => Next::Null,
+            Some(_) => return self.error("expected a value"),
+            None => return self.error("unexpected end"),
+        })
+    }
+
+    /// The end of the text: only whitespace may follow the value.
+    pub fn end(&mut self) -> Result<()> {
+        self.ws();
+        if self.pos != self.bytes.len() {
+            return self.error("trailing characters");
+        }
+        Ok(())
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        if self.bytes.get(self.pos) == Some(&byte) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, byte: u8, what: &'static str) -> Result<()> {
+        self.ws();
+        if self.eat(byte) {
+            Ok(())
+        } else {
+            self.error(what)
+        }
+    }
+
+    fn enter(&mut self) -> Result<()> {
+        self.depth += 1;
+        if self.depth > DEPTH {
+            return self.error("nested too deep");
+        }
+        Ok(())
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Result<()> {
+        if self.bytes[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            Ok(())
+        } else {
+            self.error("expected a value")
+        }
+    }
+
+    /// `null`, consumed; false (nothing consumed) for any other value.
+    pub fn null(&mut self) -> Result<bool> {
+        if self.peek()? == Next::Null {
+            self.literal(b"null")?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    pub fn bool(&mut self) -> Result<bool> {
+        self.ws();
+        match self.bytes.get(self.pos) {
+            Some(b't') => self.literal(b"true").map(|()| true),
+            Some(b'f') => self.literal(b"false").map(|()| false),
+            _ => self.error("expected a boolean"),
+        }
+    }
+
+    /// A string, borrowed from the text unless it has escapes.
+    pub fn string(&mut self) -> Result<Cow<'a, str>> {
+        self.ws();
+        if !self.eat(b'"') {
+            return self.error("expected a string");
+        }
+        let start = self.pos;
+        self.plain();
+        match self.bytes.get(self.pos) {
+            Some(b'"') => {
+                self.pos += 1;
+                Ok(Cow::Borrowed(&self.text[start..self.pos - 1]))
+            }
+            Some(b'\\') => {
+                let mut owned = String::with_capacity(self.pos - start + 16);
+                owned.push_str(&self.text[start..self.pos]);
+                self.escaped(Some(&mut owned))?;
+                Ok(Cow::Owned(owned))
+            }
+            Some(_) => self.error("control character in a string"),
+            None => self.error("unterminated string"),
+        }
+    }
+
+    /// Steps over the plain run of a string, eight bytes at a time: a word holds a stop byte
+    /// when one of its bytes equals `"` or `\\` or is below 0x20. Each test can also flag a
+    /// byte after a true one (a borrow), never before, so the lowest flag is the first stop.
+    fn plain(&mut self) {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGH: u64 = 0x8080_8080_8080_8080;
+        let bytes = self.bytes;
+        let mut i = self.pos;
+        while let Some(word) = bytes.get(i..i + 8) {
+            let mut eight = [0; 8];
+            eight.copy_from_slice(word);
+            let w = u64::from_le_bytes(eight);
+            let quote = w ^ (ONES * u64::from(b'"'));
+            let backslash = w ^ (ONES * u64::from(b'\\'));
+            let flags = (quote.wrapping_sub(ONES) & !quote)
+                | (backslash.wrapping_sub(ONES) & !backslash)
+                | (w.wrapping_sub(ONES * 0x20) & !w);
+            let flags = flags & HIGH;
+            if flags != 0 {
+                self.pos = i + (flags.trailing_zeros() / 8) as usize;
+                return;
+            }
+            i += 8;
+        }
+        while i < bytes.len() && !STOP[bytes[i] as usize] {
+            i += 1;
+        }
+        self.pos = i;
+    }
+
+    /// The rest of a string from its first backslash, decoded into `out` when given.
+    fn escaped(&mut self, mut out: Option<&mut String>) -> Result<()> {
+        loop {
+            match self.bytes.get(self.pos) {
+                Some(b'"') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                Some(b'\\') => {
+                    self.pos += 1;
+                    let ch = match self.bytes.get(self.pos) {
+                        Some(b'"') => '"',
+                        Some(b'\\') => '\\',
+                        Some(b'/') => '/',
+                        Some(b'b') => '\u{8}',
+                        Some(b'f') => '\u{c}',
+                        Some(b'n') => '\n',
+                        Some(b'r') => '\r',
+                        Some(b't') => '\t',
+                        Some(b'u') => {
+                            self.pos += 1;
+                            let ch = self.unicode()?;
+                            if let Some(out) = out.as_deref_mut() {
+                                out.push(ch);
+                            }
+                            continue;
+                        }
+                        _ => return self.error("invalid escape"),
+                    };
+                    self.pos += 1;
+                    if let Some(out) = out.as_deref_mut() {
+                        out.push(ch);
+                    }
+                }
+                Some(_) => {
+                    let start = self.pos;
+                    self.plain();
+                    if self.pos == start {
+                        return self.error("control character in a string");
+                    }
+                    if let Some(out) = out.as_deref_mut() {
+                        out.push_str(&self.text[start..self.pos]);
+                    }
+                }
+                None => return self.error("unterminated string"),
+            }
+        }
+    }
+
+    fn hex4(&mut self) -> Result<u32> {
+        let Some(digits) = self.bytes.get(self.pos..self.pos + 4) else {
+            return self.error("unterminated escape");
+        };
+        let mut n = 0;
+        for &d in digits {
+            let v = match d {
+                b'0'..=b'9' => d - b'0',
+                b'a'..=b'f' => d - b'a' + 10,
+                b'A'..=b'F' => d - b'A' + 10,
+                _ => return self.error("invalid escape"),
+            };
+            n = n * 16 + u32::from(v);
+        }
+        self.pos += 4;
+        Ok(n)
+    }
+
+    /// A `\u` escape after the `u`: one character, a surrogate pair taken whole.
+    fn unicode(&mut self) -> Result<char> {
+        let first = self.hex4()?;
+        let code = match first {
+            0xD800..=0xDBFF => {
+                if !self.bytes[self.pos..].starts_with(b"\\u") {
+                    return self.error("lone surrogate");
+                }
+                self.pos += 2;
+                let second = self.hex4()?;
+                if !(0xDC00..=0xDFFF).contains(&second) {
+                    return self.error("lone surrogate");
+                }
+                0x10000 + ((first - 0xD800) << 10) + (second - 0xDC00)
+            }
+            0xDC00..=0xDFFF => return self.error("lone surrogate"),
+            code => code,
+        };
+        match char::from_u32(code) {
+            Some(ch) => Ok(ch),
+            None => self.error("invalid escape"),
+        }
+    }
+
+    fn skip_string(&mut self) -> Result<()> {
+        // At the opening quote.
+        self.pos += 1;
+        self.plain();
+        match self.bytes.get(self.pos) {
+            Some(b'"') => {
+                self.pos += 1;
+                Ok(())
+            }
+            Some(b'\\') => self.escaped(None),
+            Some(_) => self.error("control character in a string"),
+            None => self.error("unterminated string"),
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.bytes.get(self.pos) {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    fn skip_number(&mut self) -> Result<()> {
+        self.eat(b'-');
+        match self.bytes.get(self.pos) {
+            Some(b'0') => self.pos += 1,
+            Some(b'1'..=b'9') => {
+                self.digits();
+            }
+            _ => return self.error("invalid number"),
+        }
+        if self.eat(b'.') && self.digits() == 0 {
+            return self.error("invalid number");
+        }
+        if let Some(b'e' | b'E') = self.bytes.get(self.pos) {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.bytes.get(self.pos) {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return self.error("invalid number");
+            }
+        }
+        Ok(())
+    }
+
+    /// Steps over one value of any kind, checking it. Iterative: a deep value cannot exhaust
+    /// the stack, and nesting past [`DEPTH`] is refused.
+    pub fn skip(&mut self) -> Result<()> {
+        // Bit i: the container open at relative level i is an object.
+        let mut objects: u128 = 0;
+        let mut level: u32 = 0;
+        'value: loop {
+            self.ws();
+            match self.bytes.get(self.pos) {
+                Some(b'{') | Some(b'[') => {
+                    let object = self.bytes[self.pos] == b'{';
+                    self.pos += 1;
+                    self.enter()?;
+                    if level >= 127 {
+                        return self.error("nested too deep");
+                    }
+                    if object {
+                        objects |= 1 << level;
+                    } else {
+                        objects &= !(1 << level);
+                    }
+                    level += 1;
+                    self.ws();
+                    let close = if object { b'}' } else { b']' };
+                    if !self.eat(close) {
+                        if object {
+                            self.key_colon()?;
+                        }
+                        continue 'value;
+                    }
+                    level -= 1;
+                    self.depth -= 1;
+                }
+                Some(b'"') => self.skip_string()?,
+                Some(b'-' | b'0'..=b'9') => self.skip_number()?,
+                Some(b't') => self.literal(b"true")?,
+                Some(b'f') => self.literal(b"false")?,
+                Some(b'n') => self.literal(b"null")?,
+                Some(_) => return self.error("expected a value"),
+                None => return self.error("unexpected end"),
+            }
+            // After a value: the next member or element, or the end of containers.
+            loop {
+                if level == 0 {
+                    return Ok(());
+                }
+                self.ws();
+                let object = objects & (1 << (level - 1)) != 0;
+                match self.bytes.get(self.pos) {
+                    Some(b',') => {
+                        self.pos += 1;
+                        if object {
+                            self.key_colon()?;
+                        }
+                        continue 'value;
+                    }
+                    Some(b'}') if object => {}
+                    Some(b']') if !object => {}
+                    Some(_) => return self.error("expected `,` or the end of a container"),
+                    None => return self.error("unexpected end"),
+                }
+                self.pos += 1;
+                level -= 1;
+                self.depth -= 1;
+            }
+        }
+    }
+
+    /// A member's key and its colon, stepped over.
+    fn key_colon(&mut self) -> Result<()> {
+        self.ws();
+        if self.bytes.get(self.pos) != Some(&b'"') {
+            return self.error("expected a key");
+        }
+        self.skip_string()?;
+        self.expect(b':', "expected `:`")
+    }
+
+    /// What `read` reads, and the JSON text it read.
+    pub fn spanned<T>(
+        &mut self,
+        read: impl FnOnce(&mut Self) -> Result<T>,
+    ) -> Result<(T, Raw<'a>)> {
+        self.ws();
+        let start = self.pos;
+        let value = read(self)?;
+        Ok((value, Raw(&self.text[start..self.pos])))
+    }
+
+    /// One value as it is written, checked.
+    pub fn raw(&mut self) -> Result<Raw<'a>> {
+        self.ws();
+        let start = self.pos;
+        self.skip()?;
+        Ok(Raw(&self.text[start..self.pos]))
+    }
+
+    /// An object: `member` is called with each key, and must read or skip its value.
+    pub fn object(
+        &mut self,
+        mut member: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
+    ) -> Result<()> {
+        self.ws();
+        if !self.eat(b'{') {
+            return self.error("expected an object");
+        }
+        self.enter()?;
+        self.ws();
+        if !self.eat(b'}') {
+            loop {
+                let key = self.string()?;
+                self.expect(b':', "expected `:`")?;
+                member(self, key)?;
+                self.ws();
+                match self.bytes.get(self.pos) {
+                    Some(b',') => self.pos += 1,
+                    Some(b'}') => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return self.error("expected `,` or `}`"),
+                }
+            }
+        }
+        self.depth -= 1;
+        Ok(())
+    }
+
+    /// An array: `element` is called for each element, and must read or skip it.
+    pub fn array(&mut self, mut element: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
+        self.ws();
+        if !self.eat(b'[') {
+            return self.error("expected an array");
+        }
+        self.enter()?;
+        self.ws();
+        if !self.eat(b']') {
+            loop {
+                element(self)?;
+                self.ws();
+                match self.bytes.get(self.pos) {
+                    Some(b',') => self.pos += 1,
+                    Some(b']') => {
+                        self.pos += 1;
+                        break;
+                    }
+                    _ => return self.error("expected `,` or `]`"),
+                }
+            }
+        }
+        self.depth -= 1;
+        Ok(())
+    }
+
+    /// A required-type failure at the current value.
+    pub fn wrong(&self, what: &'static str) -> JsonError {
+        JsonError { what, at: self.pos }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn skips(text: &str) -> bool {
+        let mut r = Reader::new(text);
+        r.skip().and_then(|()| r.end()).is_ok()
+    }
+
+    #[test]
+    fn steps_over_what_json_allows() {
+        for ok in [
+            "0",
+            "-0.5e+10",
+            "1E5",
+            "true",
+            "null",
+            r#""a\"\\\/\b\f\n\r\t\u00e9\ud83d\ude00""#,
+            "[]",
+            "{}",
+            r#"{"a":[1,{"b":null}],"c":{}}"#,
+            " [ 1 , 2 ] ",
+        ] {
+            assert!(skips(ok), "{ok}");
+        }
+    }
+
+    #[test]
+    fn refuses_what_json_does_not_allow() {
+        for bad in [
+            "",
+            "01",
+            "1.",
+            ".5",
+            "-",
+            "1e",
+            "tru",
+            "[1,]",
+            "{,}",
+            r#"{"a"}"#,
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            "[1 2]",
+            r#""\x""#,
+            r#""\u12""#,
+            "\"a\u{1}\"",
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800\u0041""#,
+            "\"open",
+            "[1] 2",
+            "{\"a\":1]",
+            "[1}",
+        ] {
+            assert!(!skips(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn nesting_stops_at_the_limit() {
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(skips(&deep(DEPTH as usize)));
+        assert!(!skips(&deep(DEPTH as usize + 1)));
+        assert!(!skips(&deep(100_000)));
+    }
+
+    #[test]
+    fn strings_are_borrowed_unless_escaped() {
+        let mut r = Reader::new(r#"["plain","t\u00e9\nx"]"#);
+        let mut got = Vec::new();
+        r.array(|r| {
+            got.push(r.string()?);
+            Ok(())
+        })
+        .expect("reads");
+        assert!(matches!(got[0], Cow::Borrowed("plain")));
+        assert_eq!(got[1], "té\nx");
+    }
+
+    #[test]
+    fn raw_is_the_value_as_written() {
+        let mut r = Reader::new(r#"{"a": {"b" : [1, 2]} , "c":3}"#);
+        let mut raws = Vec::new();
+        r.object(|r, key| {
+            raws.push((key, r.raw()?.get()));
+            Ok(())
+        })
+        .expect("reads");
+        assert_eq!(raws[0].1, r#"{"b" : [1, 2]}"#);
+        assert_eq!(raws[1].1, "3");
+    }
+}
