@@ -25,6 +25,8 @@ pub use engine::{
 
 /// Every binary of the project (the server and CLI, the benchmarks, the tests) allocates with
 /// mimalloc: a review makes a few dozen short-lived allocations, and glibc's malloc and free
-/// were about an eighth of an engine review's instructions (`bench/profile.sh`).
+/// were about an eighth of an engine review's instructions (`bench/profile.sh`). Built without
+/// transparent huge pages (`no_thp`): with them the webhook's peak RSS under load went from
+/// 19 MiB to 37 MiB.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
