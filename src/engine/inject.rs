@@ -1241,10 +1241,21 @@ impl<S: Sink> PatchWriter<S> {
     }
 
     fn op(&mut self, path: &[&str], value: impl FnOnce(&mut Self)) {
-        self.text(if self.len == 0 { b"[" } else { b"," });
-        self.text(br#"{"op":"add","path":""#);
+        self.text(if self.len == 0 {
+            br#"[{"op":"add","path":""#
+        } else {
+            br#",{"op":"add","path":""#
+        });
         for token in path {
             self.text(b"/");
+            // Field names, indexes and `-`: nothing to escape, of either kind.
+            if token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            {
+                self.text(token.as_bytes());
+                continue;
+            }
             // RFC 6901: `~` is written `~0` and `/` is written `~1`; then JSON string escaping.
             if token.contains(['~', '/']) {
                 let escaped = token.replace('~', "~0").replace('/', "~1");

@@ -197,34 +197,9 @@ impl<'a> Reader<'a> {
         }
     }
 
-    /// Steps over the plain run of a string, eight bytes at a time: a word holds a stop byte
-    /// when one of its bytes equals `"` or `\\` or is below 0x20. Each test can also flag a
-    /// byte after a true one (a borrow), never before, so the lowest flag is the first stop.
+    /// Steps over the plain run of a string.
     fn plain(&mut self) {
-        const ONES: u64 = 0x0101_0101_0101_0101;
-        const HIGH: u64 = 0x8080_8080_8080_8080;
-        let bytes = self.bytes;
-        let mut i = self.pos;
-        while let Some(word) = bytes.get(i..i + 8) {
-            let mut eight = [0; 8];
-            eight.copy_from_slice(word);
-            let w = u64::from_le_bytes(eight);
-            let quote = w ^ (ONES * u64::from(b'"'));
-            let backslash = w ^ (ONES * u64::from(b'\\'));
-            let flags = (quote.wrapping_sub(ONES) & !quote)
-                | (backslash.wrapping_sub(ONES) & !backslash)
-                | (w.wrapping_sub(ONES * 0x20) & !w);
-            let flags = flags & HIGH;
-            if flags != 0 {
-                self.pos = i + (flags.trailing_zeros() / 8) as usize;
-                return;
-            }
-            i += 8;
-        }
-        while i < bytes.len() && !STOP[bytes[i] as usize] {
-            i += 1;
-        }
-        self.pos = i;
+        self.pos = plain_run(self.bytes, self.pos);
     }
 
     /// The rest of a string from its first backslash, decoded into `out` when given.
@@ -318,129 +293,134 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn skip_string(&mut self) -> Result<()> {
-        // At the opening quote.
-        self.pos += 1;
-        self.plain();
-        match self.bytes.get(self.pos) {
-            Some(b'"') => {
-                self.pos += 1;
-                Ok(())
-            }
-            Some(b'\\') => self.escaped(None),
-            Some(_) => self.error("control character in a string"),
-            None => self.error("unterminated string"),
-        }
-    }
-
-    fn digits(&mut self) -> usize {
-        let start = self.pos;
-        while let Some(b'0'..=b'9') = self.bytes.get(self.pos) {
-            self.pos += 1;
-        }
-        self.pos - start
-    }
-
-    fn skip_number(&mut self) -> Result<()> {
-        self.eat(b'-');
-        match self.bytes.get(self.pos) {
-            Some(b'0') => self.pos += 1,
-            Some(b'1'..=b'9') => {
-                self.digits();
-            }
-            _ => return self.error("invalid number"),
-        }
-        if self.eat(b'.') && self.digits() == 0 {
-            return self.error("invalid number");
-        }
-        if let Some(b'e' | b'E') = self.bytes.get(self.pos) {
-            self.pos += 1;
-            if let Some(b'+' | b'-') = self.bytes.get(self.pos) {
-                self.pos += 1;
-            }
-            if self.digits() == 0 {
-                return self.error("invalid number");
-            }
-        }
-        Ok(())
-    }
-
     /// Steps over one value of any kind, checking it. Iterative: a deep value cannot exhaust
-    /// the stack, and nesting past [`DEPTH`] is refused.
+    /// the stack, and nesting past [`DEPTH`] is refused. The position lives in a local here
+    /// (this loop is most of a review's reading), and goes back to `self` at the end.
     pub fn skip(&mut self) -> Result<()> {
+        let bytes = self.bytes;
+        let mut pos = self.pos;
+        let result = self.skip_from(bytes, &mut pos);
+        self.pos = pos;
+        result
+    }
+
+    fn skip_from(&mut self, bytes: &'a [u8], pos: &mut usize) -> Result<()> {
         // Bit i: the container open at relative level i is an object.
         let mut objects: u128 = 0;
         let mut level: u32 = 0;
-        'value: loop {
-            self.ws();
-            match self.bytes.get(self.pos) {
-                Some(b'{') | Some(b'[') => {
-                    let object = self.bytes[self.pos] == b'{';
-                    self.pos += 1;
-                    self.enter()?;
-                    if level >= 127 {
-                        return self.error("nested too deep");
+        let mut p = *pos;
+        macro_rules! fail {
+            ($what:expr) => {{
+                *pos = p;
+                return Err(JsonError { what: $what, at: p });
+            }};
+        }
+        macro_rules! ws {
+            () => {
+                while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(p) {
+                    p += 1;
+                }
+            };
+        }
+        macro_rules! string {
+            () => {{
+                // At the opening quote.
+                p = plain_run(bytes, p + 1);
+                match bytes.get(p) {
+                    Some(b'"') => p += 1,
+                    Some(b'\\') => {
+                        self.pos = p;
+                        self.escaped(None)?;
+                        p = self.pos;
                     }
+                    Some(_) => fail!("control character in a string"),
+                    None => fail!("unterminated string"),
+                }
+            }};
+        }
+        macro_rules! key_colon {
+            () => {{
+                ws!();
+                if bytes.get(p) != Some(&b'"') {
+                    fail!("expected a key");
+                }
+                string!();
+                ws!();
+                if bytes.get(p) != Some(&b':') {
+                    fail!("expected `:`");
+                }
+                p += 1;
+            }};
+        }
+        'value: loop {
+            ws!();
+            match bytes.get(p) {
+                Some(&open @ (b'{' | b'[')) => {
+                    p += 1;
+                    self.depth += 1;
+                    if self.depth > DEPTH {
+                        fail!("nested too deep");
+                    }
+                    let object = open == b'{';
                     if object {
                         objects |= 1 << level;
                     } else {
                         objects &= !(1 << level);
                     }
                     level += 1;
-                    self.ws();
+                    ws!();
                     let close = if object { b'}' } else { b']' };
-                    if !self.eat(close) {
+                    if bytes.get(p) == Some(&close) {
+                        p += 1;
+                        level -= 1;
+                        self.depth -= 1;
+                    } else {
                         if object {
-                            self.key_colon()?;
+                            key_colon!();
                         }
                         continue 'value;
                     }
-                    level -= 1;
-                    self.depth -= 1;
                 }
-                Some(b'"') => self.skip_string()?,
-                Some(b'-' | b'0'..=b'9') => self.skip_number()?,
-                Some(b't') => self.literal(b"true")?,
-                Some(b'f') => self.literal(b"false")?,
-                Some(b'n') => self.literal(b"null")?,
-                Some(_) => return self.error("expected a value"),
-                None => return self.error("unexpected end"),
+                Some(b'"') => string!(),
+                Some(b'-' | b'0'..=b'9') => match number_end(bytes, p) {
+                    Ok(end) => p = end,
+                    Err(at) => {
+                        p = at;
+                        fail!("invalid number");
+                    }
+                },
+                Some(b't') if bytes[p..].starts_with(b"true") => p += 4,
+                Some(b'f') if bytes[p..].starts_with(b"false") => p += 5,
+                Some(b'n') if bytes[p..].starts_with(b"null") => p += 4,
+                Some(_) => fail!("expected a value"),
+                None => fail!("unexpected end"),
             }
             // After a value: the next member or element, or the end of containers.
             loop {
                 if level == 0 {
+                    *pos = p;
                     return Ok(());
                 }
-                self.ws();
+                ws!();
                 let object = objects & (1 << (level - 1)) != 0;
-                match self.bytes.get(self.pos) {
+                match bytes.get(p) {
                     Some(b',') => {
-                        self.pos += 1;
+                        p += 1;
                         if object {
-                            self.key_colon()?;
+                            key_colon!();
                         }
                         continue 'value;
                     }
                     Some(b'}') if object => {}
                     Some(b']') if !object => {}
-                    Some(_) => return self.error("expected `,` or the end of a container"),
-                    None => return self.error("unexpected end"),
+                    Some(_) => fail!("expected `,` or the end of a container"),
+                    None => fail!("unexpected end"),
                 }
-                self.pos += 1;
+                p += 1;
                 level -= 1;
                 self.depth -= 1;
             }
         }
-    }
-
-    /// A member's key and its colon, stepped over.
-    fn key_colon(&mut self) -> Result<()> {
-        self.ws();
-        if self.bytes.get(self.pos) != Some(&b'"') {
-            return self.error("expected a key");
-        }
-        self.skip_string()?;
-        self.expect(b':', "expected `:`")
     }
 
     /// What `read` reads, and the JSON text it read.
@@ -523,6 +503,72 @@ impl<'a> Reader<'a> {
     pub fn wrong(&self, what: &'static str) -> JsonError {
         JsonError { what, at: self.pos }
     }
+}
+
+/// The end of the plain run of a string that starts at `i`, eight bytes at a time: a word
+/// holds a stop byte when one of its bytes equals `"` or `\\` or is below 0x20. Each test can
+/// also flag a byte after a true one (a borrow), never before, so the lowest flag is the first
+/// stop.
+#[inline(always)]
+fn plain_run(bytes: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    while let Some(word) = bytes.get(i..i + 8) {
+        let mut eight = [0; 8];
+        eight.copy_from_slice(word);
+        let w = u64::from_le_bytes(eight);
+        let quote = w ^ (ONES * u64::from(b'"'));
+        let backslash = w ^ (ONES * u64::from(b'\\'));
+        let flags = (quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (w.wrapping_sub(ONES * 0x20) & !w);
+        let flags = flags & HIGH;
+        if flags != 0 {
+            return i + (flags.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < bytes.len() && !STOP[bytes[i] as usize] {
+        i += 1;
+    }
+    i
+}
+
+/// The end of the number that starts at `p`, or where its grammar breaks.
+fn number_end(bytes: &[u8], mut p: usize) -> std::result::Result<usize, usize> {
+    let digits = |mut p: usize| {
+        while let Some(b'0'..=b'9') = bytes.get(p) {
+            p += 1;
+        }
+        p
+    };
+    if bytes.get(p) == Some(&b'-') {
+        p += 1;
+    }
+    match bytes.get(p) {
+        Some(b'0') => p += 1,
+        Some(b'1'..=b'9') => p = digits(p + 1),
+        _ => return Err(p),
+    }
+    if bytes.get(p) == Some(&b'.') {
+        let end = digits(p + 1);
+        if end == p + 1 {
+            return Err(end);
+        }
+        p = end;
+    }
+    if let Some(b'e' | b'E') = bytes.get(p) {
+        p += 1;
+        if let Some(b'+' | b'-') = bytes.get(p) {
+            p += 1;
+        }
+        let end = digits(p);
+        if end == p {
+            return Err(end);
+        }
+        p = end;
+    }
+    Ok(p)
 }
 
 #[cfg(test)]
