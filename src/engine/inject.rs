@@ -954,28 +954,84 @@ pub enum Edit<'p> {
     },
 }
 
+/// A set of names: a list while it is short (most pods have a handful of containers, volumes
+/// and mounts, where a scan beats hashing), hashed once it is long (thousands of env vars).
+enum Names<'a> {
+    Few(Vec<&'a str>),
+    Many(HashSet<&'a str>),
+}
+
+impl<'a> Names<'a> {
+    const FEW: usize = 16;
+
+    fn contains(&self, name: &str) -> bool {
+        match self {
+            Names::Few(list) => list.contains(&name),
+            Names::Many(set) => set.contains(name),
+        }
+    }
+
+    /// Adds a name; false when it was there already.
+    fn insert(&mut self, name: &'a str) -> bool {
+        match self {
+            Names::Few(list) if list.contains(&name) => false,
+            Names::Few(list) if list.len() < Self::FEW => {
+                list.push(name);
+                true
+            }
+            Names::Few(list) => {
+                let mut set: HashSet<&str> =
+                    HashSet::with_capacity_and_hasher(list.len() * 2, Default::default());
+                set.extend(list.drain(..));
+                set.insert(name);
+                *self = Names::Many(set);
+                true
+            }
+            Names::Many(set) => set.insert(name),
+        }
+    }
+}
+
+impl<'a> FromIterator<&'a str> for Names<'a> {
+    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
+        let iter = iter.into_iter();
+        let mut names = if iter.size_hint().0 < Self::FEW {
+            Names::Few(Vec::with_capacity(8))
+        } else {
+            Names::Many(HashSet::with_capacity_and_hasher(
+                iter.size_hint().0,
+                Default::default(),
+            ))
+        };
+        for name in iter {
+            names.insert(name);
+        }
+        names
+    }
+}
+
 /// The edits that take `pod` to its injected state: only what is missing. Applying the
 /// edits and planning again yields no edits (the fixed point).
 pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> Vec<Edit<'p>> {
     let spec = pod.spec.as_ref();
-    let mut taken: HashSet<&str> = pod
+    let mut taken: Names<'_> = pod
         .containers()
         .iter()
         .chain(pod.init_containers())
         .map(|c| c.name.as_str())
         .collect();
-    let sidecars: HashSet<&str> = plan
+    let sidecars: Names<'_> = plan
         .templates
         .iter()
         .flat_map(|t| t.fragment.sidecar_names())
         .collect();
-    let mut volumes: HashSet<&str> = spec
+    let mut volumes: Names<'_> = spec
         .map(|s| s.volumes())
         .unwrap_or_default()
         .iter()
         .map(|v| v.name.as_str())
         .collect();
-    let mut secrets: HashSet<&str> = spec
+    let mut secrets: Names<'_> = spec
         .map(|s| s.image_pull_secrets())
         .unwrap_or_default()
         .iter()
@@ -1023,12 +1079,10 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
             continue;
         }
         let mounts = container.volume_mounts.as_deref().unwrap_or_default();
-        let mut mount_names: HashSet<&str> = mounts.iter().map(|m| m.name()).collect();
-        let mut mount_paths: HashSet<&str> = mounts.iter().map(|m| m.mount_path()).collect();
+        let mut mount_names: Names<'_> = mounts.iter().map(|m| m.name()).collect();
+        let mut mount_paths: Names<'_> = mounts.iter().map(|m| m.mount_path()).collect();
         let env = container.env.as_deref().unwrap_or_default();
-        let mut env_names: HashSet<&str> =
-            HashSet::with_capacity_and_hasher(env.len(), Default::default());
-        env_names.extend(env.iter().map(|e| e.name()));
+        let mut env_names: Names<'_> = env.iter().map(|e| e.name()).collect();
         for t in &plan.templates {
             let f = &*t.fragment;
             for m in parts(&f.volume_mounts, &f.json.volume_mounts) {
@@ -1472,6 +1526,20 @@ mod tests {
             "metadata": {"name": "web", "labels": {"sidecar-injector.io/inject": "true"}},
             "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]}
         }))
+    }
+
+    #[test]
+    fn names_are_a_set_short_or_long() {
+        let many: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+        let mut names: Names<'_> = many[..3].iter().map(String::as_str).collect();
+        assert!(matches!(names, Names::Few(_)));
+        for (i, name) in many.iter().enumerate() {
+            assert_eq!(names.insert(name), i >= 3, "{name}");
+        }
+        assert!(matches!(names, Names::Many(_)));
+        assert!(many.iter().all(|n| names.contains(n)) && !names.contains("n40"));
+        let long: Names<'_> = many.iter().map(String::as_str).chain(["n0"]).collect();
+        assert!(matches!(long, Names::Many(_)) && long.contains("n39"));
     }
 
     #[test]

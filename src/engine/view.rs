@@ -324,11 +324,11 @@ impl VolumeView<'_> {
             .members
             .iter()
             .filter(|(k, _)| k.as_str() == "projected");
-        let v = match (projected.next(), projected.next()) {
-            // The one member that tells, read alone.
-            (Some((_, raw)), None) => Volume {
-                projected: serde_json::from_str(raw.get())?,
-            },
+        let v: Volume = match (projected.next(), projected.next()) {
+            // The one member that tells, read alone with the view's reader.
+            (Some((_, raw)), None) => {
+                return projects_a_token(raw.get()).map_err(serde::de::Error::custom);
+            }
             _ => serde_json::from_str(&self.json())?,
         };
         Ok(v.projected.is_some_and(|p| {
@@ -943,6 +943,41 @@ fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
     Ok(c)
 }
 
+/// Whether a volume's `projected` member (its JSON) has a source with a `serviceAccountToken`,
+/// read as the typed `ProjectedVolumeSource` would be: a field given twice is refused.
+fn projects_a_token(json: &str) -> R<bool> {
+    let mut r = Reader::new(json);
+    let mut found = false;
+    if !r.null()? {
+        let mut read = 0;
+        r.object(|r, key| {
+            if &*key != "sources" {
+                return r.skip();
+            }
+            once(r, &mut read, 1)?;
+            if r.null()? {
+                return Ok(());
+            }
+            r.array(|r| {
+                let mut seen = 0;
+                r.object(|r, key| {
+                    if &*key != "serviceAccountToken" {
+                        return r.skip();
+                    }
+                    once(r, &mut seen, 1)?;
+                    if !r.null()? {
+                        r.skip()?;
+                        found = true;
+                    }
+                    Ok(())
+                })
+            })
+        })?;
+    }
+    r.end()?;
+    Ok(found)
+}
+
 fn volume<'a>(r: &mut Reader<'a>) -> R<VolumeView<'a>> {
     let mut v = VolumeView {
         name: Str::default(),
@@ -1000,6 +1035,30 @@ mod tests {
             serde_json::from_str(&volumes[0].json()).expect("typed");
         assert_eq!(typed.name, "kube-api-access-x1");
         assert!(typed.projected.is_some());
+    }
+
+    #[test]
+    fn a_token_volume_is_told_as_the_typed_source_would_tell_it() {
+        assert_eq!(projects_a_token("null"), Ok(false));
+        assert_eq!(projects_a_token(r#"{"sources":null}"#), Ok(false));
+        assert_eq!(
+            projects_a_token(r#"{"sources":[{"serviceAccountToken":null}]}"#),
+            Ok(false)
+        );
+        assert_eq!(
+            projects_a_token(
+                r#"{"defaultMode":420,"sources":[{"configMap":{}},{"serviceAccountToken":{"path":"t"}}]}"#
+            ),
+            Ok(true)
+        );
+        assert!(projects_a_token(r#"{"sources":[],"sources":[]}"#).is_err());
+        assert!(
+            projects_a_token(
+                r#"{"sources":[{"serviceAccountToken":{},"serviceAccountToken":{}}]}"#
+            )
+            .is_err()
+        );
+        assert!(projects_a_token(r#"{"sources":{}}"#).is_err());
     }
 
     #[test]
