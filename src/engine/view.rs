@@ -466,30 +466,39 @@ fn required<T>(r: &Reader<'_>, value: Option<T>) -> R<T> {
     value.ok_or_else(|| r.wrong("missing field"))
 }
 
+/// Reads an object's members into places: `"key" => reader => place` reads the member `key`
+/// with `reader` into `place` (`_` checks it and keeps nothing). Each key may come once; any
+/// other member is stepped over.
+macro_rules! members {
+    ($r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {{
+        let mut read = 0u32;
+        $r.object(|r, key| {
+            let mut bit = 1u32;
+            $(
+                if &*key == $key {
+                    once(r, &mut read, bit)?;
+                    // `_` places take readers that only check (their value is `()`).
+                    #[allow(clippy::let_unit_value)]
+                    {
+                        $place = $read(r)?;
+                    }
+                    return Ok(());
+                }
+                bit <<= 1;
+            )*
+            let _ = bit;
+            r.skip()
+        })
+    }};
+}
+
 fn review<'a>(r: &mut Reader<'a>) -> R<ReviewView<'a>> {
     let (mut api_version, mut kind, mut request) = (None, None, None);
-    let mut read = 0;
-    r.object(|r, key| match &*key {
-        "apiVersion" => {
-            once(r, &mut read, 1)?;
-            api_version = Some(string(r)?);
-            Ok(())
-        }
-        "kind" => {
-            once(r, &mut read, 2)?;
-            kind = Some(string(r)?);
-            Ok(())
-        }
-        "request" => {
-            once(r, &mut read, 4)?;
-            request = optional(r, request_view)?;
-            Ok(())
-        }
-        "response" => {
-            once(r, &mut read, 8)?;
-            r.skip()
-        }
-        _ => r.skip(),
+    members!(r, {
+        "apiVersion" => |r: &mut Reader<'a>| string(r).map(Some) => api_version,
+        "kind" => |r: &mut Reader<'a>| string(r).map(Some) => kind,
+        "request" => |r: &mut Reader<'a>| optional(r, request_view) => request,
+        "response" => Reader::skip => _,
     })?;
     Ok(ReviewView {
         api_version: required(r, api_version)?,
@@ -509,115 +518,45 @@ fn operation(r: &mut Reader<'_>) -> R<kube::core::admission::Operation> {
 fn request_view<'a>(r: &mut Reader<'a>) -> R<RequestView<'a>> {
     let (mut uid, mut kind, mut resource, mut operation_, mut user_info) =
         (None, None, None, None, None);
-    let mut req = RequestView {
-        uid: Str::default(),
-        kind: Gvk {
-            group: Str::default(),
-            version: Str::default(),
-            kind: Str::default(),
-        },
-        sub_resource: None,
-        name: None,
-        namespace: None,
-        operation: kube::core::admission::Operation::Create,
-        object: None,
-        old_object: None,
-    };
-    let mut read = 0;
-    r.object(|r, key| {
-        match &*key {
-            "uid" => {
-                once(r, &mut read, 1)?;
-                uid = Some(string(r)?);
-            }
-            "kind" => {
-                once(r, &mut read, 2)?;
-                kind = Some(gvk(r)?);
-            }
-            "resource" => {
-                once(r, &mut read, 4)?;
-                resource = Some(gvr(r)?);
-            }
-            "subResource" => {
-                once(r, &mut read, 8)?;
-                req.sub_resource = opt_string(r)?;
-            }
-            "requestKind" => {
-                once(r, &mut read, 16)?;
-                optional(r, gvk)?;
-            }
-            "requestResource" => {
-                once(r, &mut read, 32)?;
-                optional(r, gvr)?;
-            }
-            "requestSubResource" => {
-                once(r, &mut read, 64)?;
-                opt_string(r)?;
-            }
-            "name" => {
-                once(r, &mut read, 128)?;
-                req.name = opt_string(r)?;
-            }
-            "namespace" => {
-                once(r, &mut read, 256)?;
-                req.namespace = opt_string(r)?;
-            }
-            "operation" => {
-                once(r, &mut read, 512)?;
-                operation_ = Some(operation(r)?);
-            }
-            "userInfo" => {
-                once(r, &mut read, 1024)?;
-                user_info = Some(self::user_info(r)?);
-            }
-            "object" => {
-                once(r, &mut read, 2048)?;
-                req.object = optional(r, pod)?;
-            }
-            "oldObject" => {
-                once(r, &mut read, 4096)?;
-                req.old_object = optional(r, pod)?;
-            }
-            "dryRun" => {
-                once(r, &mut read, 8192)?;
-                r.bool()?;
-            }
-            "options" => {
-                once(r, &mut read, 16384)?;
-                r.skip()?;
-            }
-            _ => r.skip()?,
-        }
-        Ok(())
+    let (mut sub_resource, mut name, mut namespace, mut object, mut old_object) =
+        (None, None, None, None, None);
+    members!(r, {
+        "uid" => |r: &mut Reader<'a>| string(r).map(Some) => uid,
+        "kind" => |r: &mut Reader<'a>| gvk(r).map(Some) => kind,
+        "resource" => |r: &mut Reader<'a>| gvr(r).map(Some) => resource,
+        "subResource" => opt_string => sub_resource,
+        "requestKind" => |r: &mut Reader<'a>| optional(r, gvk) => _,
+        "requestResource" => |r: &mut Reader<'a>| optional(r, gvr) => _,
+        "requestSubResource" => opt_string => _,
+        "name" => opt_string => name,
+        "namespace" => opt_string => namespace,
+        "operation" => |r: &mut Reader<'a>| operation(r).map(Some) => operation_,
+        "userInfo" => |r: &mut Reader<'a>| self::user_info(r).map(Some) => user_info,
+        "object" => |r: &mut Reader<'a>| optional(r, pod) => object,
+        "oldObject" => |r: &mut Reader<'a>| optional(r, pod) => old_object,
+        "dryRun" => Reader::bool => _,
+        "options" => Reader::skip => _,
     })?;
-    req.uid = required(r, uid)?;
-    req.kind = required(r, kind)?;
     required(r, resource)?;
-    req.operation = required(r, operation_)?;
     required(r, user_info)?;
-    Ok(req)
+    Ok(RequestView {
+        uid: required(r, uid)?,
+        kind: required(r, kind)?,
+        sub_resource,
+        name,
+        namespace,
+        operation: required(r, operation_)?,
+        object,
+        old_object,
+    })
 }
 
 fn gvk<'a>(r: &mut Reader<'a>) -> R<Gvk<'a>> {
     let (mut group, mut version, mut kind) = (None, None, None);
-    let mut read = 0;
-    r.object(|r, key| {
-        match &*key {
-            "group" => {
-                once(r, &mut read, 1)?;
-                group = Some(string(r)?);
-            }
-            "version" => {
-                once(r, &mut read, 2)?;
-                version = Some(string(r)?);
-            }
-            "kind" => {
-                once(r, &mut read, 4)?;
-                kind = Some(string(r)?);
-            }
-            _ => r.skip()?,
-        }
-        Ok(())
+    members!(r, {
+        "group" => |r: &mut Reader<'a>| string(r).map(Some) => group,
+        "version" => |r: &mut Reader<'a>| string(r).map(Some) => version,
+        "kind" => |r: &mut Reader<'a>| string(r).map(Some) => kind,
     })?;
     Ok(Gvk {
         group: required(r, group)?,
@@ -627,45 +566,24 @@ fn gvk<'a>(r: &mut Reader<'a>) -> R<Gvk<'a>> {
 }
 
 /// `kube::core::GroupVersionResource`: checked, not kept.
-fn gvr(r: &mut Reader<'_>) -> R<()> {
-    let mut read = 0;
-    r.object(|r, key| {
-        let bit = match &*key {
-            "group" => 1,
-            "version" => 2,
-            "resource" => 4,
-            "api_version" => 8,
-            _ => return r.skip(),
-        };
-        once(r, &mut read, bit)?;
-        string(r).map(drop)
+fn gvr<'a>(r: &mut Reader<'a>) -> R<()> {
+    let (mut group, mut version, mut resource) = (None, None, None);
+    members!(r, {
+        "group" => |r: &mut Reader<'a>| string(r).map(drop).map(Some) => group,
+        "version" => |r: &mut Reader<'a>| string(r).map(drop).map(Some) => version,
+        "resource" => |r: &mut Reader<'a>| string(r).map(drop).map(Some) => resource,
+        "api_version" => string => _,
     })?;
-    if read & 7 != 7 {
-        return Err(r.wrong("missing field"));
-    }
-    Ok(())
+    required(r, group.and(version).and(resource))
 }
 
 /// `k8s_openapi::api::authentication::v1::UserInfo`: checked, not kept.
-fn user_info(r: &mut Reader<'_>) -> R<()> {
-    let mut read = 0;
-    r.object(|r, key| {
-        match &*key {
-            "username" | "uid" => {
-                once(r, &mut read, if &*key == "username" { 1 } else { 2 })?;
-                opt_string(r)?;
-            }
-            "groups" => {
-                once(r, &mut read, 4)?;
-                optional(r, |r| list(r, string))?;
-            }
-            "extra" => {
-                once(r, &mut read, 8)?;
-                optional(r, |r| r.object(|r, _| list(r, string).map(drop)))?;
-            }
-            _ => r.skip()?,
-        }
-        Ok(())
+fn user_info<'a>(r: &mut Reader<'a>) -> R<()> {
+    members!(r, {
+        "username" => opt_string => _,
+        "uid" => opt_string => _,
+        "groups" => |r: &mut Reader<'a>| optional(r, |r| list(r, string)) => _,
+        "extra" => |r: &mut Reader<'a>| optional(r, |r| r.object(|r, _| list(r, string).map(drop))) => _,
     })
 }
 
@@ -679,203 +597,73 @@ fn exactly(r: &mut Reader<'_>, want: &str) -> R<()> {
 
 fn pod<'a>(r: &mut Reader<'a>) -> R<PodView<'a>> {
     let mut pod = PodView::default();
-    let mut read = 0;
-    r.object(|r, key| {
-        match &*key {
-            "apiVersion" => {
-                once(r, &mut read, 1)?;
-                exactly(r, "v1")?;
-            }
-            "kind" => {
-                once(r, &mut read, 2)?;
-                exactly(r, "Pod")?;
-            }
-            "metadata" => {
-                once(r, &mut read, 4)?;
-                pod.metadata = optional(r, meta)?;
-            }
-            "spec" => {
-                once(r, &mut read, 8)?;
-                pod.spec = optional(r, spec)?;
-            }
-            _ => r.skip()?,
-        }
-        Ok(())
+    members!(r, {
+        "apiVersion" => |r: &mut Reader<'a>| exactly(r, "v1") => _,
+        "kind" => |r: &mut Reader<'a>| exactly(r, "Pod") => _,
+        "metadata" => |r: &mut Reader<'a>| optional(r, meta) => pod.metadata,
+        "spec" => |r: &mut Reader<'a>| optional(r, spec) => pod.spec,
     })?;
     Ok(pod)
 }
 
 fn meta<'a>(r: &mut Reader<'a>) -> R<MetaView<'a>> {
     let mut m = MetaView::default();
-    let mut read = 0;
-    r.object(|r, key| {
-        match &*key {
-            "name" => {
-                once(r, &mut read, 1)?;
-                m.name = opt_string(r)?;
-            }
-            "generateName" => {
-                once(r, &mut read, 2)?;
-                m.generate_name = opt_string(r)?;
-            }
-            "namespace" => {
-                once(r, &mut read, 4)?;
-                m.namespace = opt_string(r)?;
-            }
-            "labels" => {
-                once(r, &mut read, 8)?;
-                m.labels = optional(r, str_map)?;
-            }
-            "annotations" => {
-                once(r, &mut read, 16)?;
-                m.annotations = optional(r, str_map)?;
-            }
-            "ownerReferences" => {
-                once(r, &mut read, 32)?;
-                m.owner_references = optional(r, |r| list(r, owner))?;
-            }
-            "deletionTimestamp" => {
-                once(r, &mut read, 64)?;
-                m.deletion_timestamp = opt_raw(r)?;
-            }
-            _ => r.skip()?,
-        }
-        Ok(())
+    members!(r, {
+        "name" => opt_string => m.name,
+        "generateName" => opt_string => m.generate_name,
+        "namespace" => opt_string => m.namespace,
+        "labels" => |r: &mut Reader<'a>| optional(r, str_map) => m.labels,
+        "annotations" => |r: &mut Reader<'a>| optional(r, str_map) => m.annotations,
+        "ownerReferences" => |r: &mut Reader<'a>| optional(r, |r| list(r, owner)) => m.owner_references,
+        "deletionTimestamp" => opt_raw => m.deletion_timestamp,
     })?;
     Ok(m)
 }
 
 fn owner<'a>(r: &mut Reader<'a>) -> R<OwnerView<'a>> {
     let mut o = OwnerView::default();
-    let mut read = 0;
-    r.object(|r, key| {
-        match &*key {
-            "apiVersion" => {
-                once(r, &mut read, 1)?;
-                o.api_version = opt_string(r)?;
-            }
-            "kind" => {
-                once(r, &mut read, 2)?;
-                o.kind = opt_string(r)?;
-            }
-            "name" => {
-                once(r, &mut read, 4)?;
-                o.name = opt_string(r)?;
-            }
-            "controller" => {
-                once(r, &mut read, 8)?;
-                o.controller = opt_bool(r)?;
-            }
-            _ => r.skip()?,
-        }
-        Ok(())
+    members!(r, {
+        "apiVersion" => opt_string => o.api_version,
+        "kind" => opt_string => o.kind,
+        "name" => opt_string => o.name,
+        "controller" => opt_bool => o.controller,
     })?;
     Ok(o)
 }
 
 fn spec<'a>(r: &mut Reader<'a>) -> R<SpecView<'a>> {
     let mut s = SpecView::default();
-    let mut read = 0;
-    r.object(|r, key| {
-        match &*key {
-            "containers" => {
-                once(r, &mut read, 1)?;
-                s.containers = optional(r, |r| list(r, container))?;
-            }
-            "initContainers" => {
-                once(r, &mut read, 2)?;
-                s.init_containers = optional(r, |r| list(r, container))?;
-            }
-            "volumes" => {
-                once(r, &mut read, 4)?;
-                s.volumes = optional(r, |r| list(r, volume))?;
-            }
-            "imagePullSecrets" => {
-                once(r, &mut read, 8)?;
-                s.image_pull_secrets = optional(r, |r| list(r, name_view))?;
-            }
-            "hostNetwork" => {
-                once(r, &mut read, 16)?;
-                s.host_network = opt_bool(r)?;
-            }
-            "nodeSelector" => {
-                once(r, &mut read, 32)?;
-                s.node_selector = optional(r, str_map)?;
-            }
-            "os" => {
-                once(r, &mut read, 64)?;
-                s.os = opt_raw(r)?;
-            }
-            "serviceAccountName" => {
-                once(r, &mut read, 128)?;
-                s.service_account_name = opt_string(r)?;
-            }
-            "securityContext" => {
-                once(r, &mut read, 256)?;
-                s.security_context = opt_raw(r)?;
-            }
-            "priorityClassName" => {
-                once(r, &mut read, 512)?;
-                s.priority_class_name = opt_string(r)?;
-            }
-            "runtimeClassName" => {
-                once(r, &mut read, 1024)?;
-                s.runtime_class_name = opt_string(r)?;
-            }
-            "restartPolicy" => {
-                once(r, &mut read, 2048)?;
-                s.restart_policy = opt_string(r)?;
-            }
-            "shareProcessNamespace" => {
-                once(r, &mut read, 4096)?;
-                s.share_process_namespace = opt_bool(r)?;
-            }
-            "hostname" => {
-                once(r, &mut read, 8192)?;
-                s.hostname = opt_string(r)?;
-            }
-            "subdomain" => {
-                once(r, &mut read, 16384)?;
-                s.subdomain = opt_string(r)?;
-            }
-            _ => r.skip()?,
-        }
-        Ok(())
+    members!(r, {
+        "containers" => |r: &mut Reader<'a>| optional(r, |r| list(r, container)) => s.containers,
+        "initContainers" => |r: &mut Reader<'a>| optional(r, |r| list(r, container)) => s.init_containers,
+        "volumes" => |r: &mut Reader<'a>| optional(r, |r| list(r, volume)) => s.volumes,
+        "imagePullSecrets" => |r: &mut Reader<'a>| optional(r, |r| list(r, name_view)) => s.image_pull_secrets,
+        "hostNetwork" => opt_bool => s.host_network,
+        "nodeSelector" => |r: &mut Reader<'a>| optional(r, str_map) => s.node_selector,
+        "os" => opt_raw => s.os,
+        "serviceAccountName" => opt_string => s.service_account_name,
+        "securityContext" => opt_raw => s.security_context,
+        "priorityClassName" => opt_string => s.priority_class_name,
+        "runtimeClassName" => opt_string => s.runtime_class_name,
+        "restartPolicy" => opt_string => s.restart_policy,
+        "shareProcessNamespace" => opt_bool => s.share_process_namespace,
+        "hostname" => opt_string => s.hostname,
+        "subdomain" => opt_string => s.subdomain,
     })?;
     Ok(s)
 }
 
 fn name_view<'a>(r: &mut Reader<'a>) -> R<NameView<'a>> {
     let mut n = NameView::default();
-    let mut read = 0;
-    r.object(|r, key| {
-        if &*key == "name" {
-            once(r, &mut read, 1)?;
-            n.name = opt_string(r)?;
-            Ok(())
-        } else {
-            r.skip()
-        }
-    })?;
+    members!(r, { "name" => opt_string => n.name })?;
     Ok(n)
 }
 
 fn mount<'a>(r: &mut Reader<'a>) -> R<MountView<'a>> {
     let mut m = MountView::default();
-    let mut read = 0;
-    r.object(|r, key| {
-        match &*key {
-            "name" => {
-                once(r, &mut read, 1)?;
-                m.name = opt_string(r)?;
-            }
-            "mountPath" => {
-                once(r, &mut read, 2)?;
-                m.mount_path = opt_string(r)?;
-            }
-            _ => r.skip()?,
-        }
-        Ok(())
+    members!(r, {
+        "name" => opt_string => m.name,
+        "mountPath" => opt_string => m.mount_path,
     })?;
     Ok(m)
 }
