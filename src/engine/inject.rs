@@ -564,9 +564,9 @@ impl Shown<'_> {
 
 /// Reads a field the typed way (k8s-openapi), as JSON for the template context.
 fn typed<T: serde::de::DeserializeOwned + Serialize>(
-    raw: Raw<'_>,
+    json: &str,
 ) -> Result<serde_json::Value, serde_json::Error> {
-    serde_json::to_value(serde_json::from_str::<T>(raw.get())?)
+    serde_json::to_value(serde_json::from_str::<T>(json)?)
 }
 
 /// The spec as templates see it (see [`PodFacts::context`]).
@@ -581,19 +581,19 @@ fn project_spec(
         let mut m = Map::new();
         m.insert("name".into(), c.name.as_str().into());
         if let Some(image) = c.image {
-            m.insert("image".into(), typed::<String>(image)?);
+            m.insert("image".into(), typed::<String>(image.get())?);
         }
         if let Some(command) = c.command {
-            m.insert("command".into(), typed::<Vec<String>>(command)?);
+            m.insert("command".into(), typed::<Vec<String>>(command.get())?);
         }
         if let Some(args) = c.args {
-            m.insert("args".into(), typed::<Vec<String>>(args)?);
+            m.insert("args".into(), typed::<Vec<String>>(args.get())?);
         }
         if let Some(dir) = c.working_dir {
-            m.insert("workingDir".into(), typed::<String>(dir)?);
+            m.insert("workingDir".into(), typed::<String>(dir.get())?);
         }
         if let Some(ports) = c.ports {
-            m.insert("ports".into(), typed::<Vec<ContainerPort>>(ports)?);
+            m.insert("ports".into(), typed::<Vec<ContainerPort>>(ports.get())?);
         }
         Ok(Value::Object(m))
     };
@@ -612,7 +612,7 @@ fn project_spec(
     let volumes = shown
         .volumes
         .iter()
-        .map(|v| serde_json::to_value(serde_json::from_str::<Volume>(&v.json())?))
+        .map(|v| typed::<Volume>(&v.json()))
         .collect::<Result<_, _>>()?;
     out.insert("volumes".into(), Value::Array(volumes));
     let text = |s: &Option<Str<'_>>| s.as_ref().map(|s| Value::from(s.as_str()));
@@ -630,11 +630,14 @@ fn project_spec(
         (
             "securityContext",
             spec.security_context
-                .map(typed::<PodSecurityContext>)
+                .map(|raw| typed::<PodSecurityContext>(raw.get()))
                 .transpose()?,
         ),
         ("hostNetwork", spec.host_network.map(Value::from)),
-        ("os", spec.os.map(typed::<PodOS>).transpose()?),
+        (
+            "os",
+            spec.os.map(|raw| typed::<PodOS>(raw.get())).transpose()?,
+        ),
         ("priorityClassName", text(&spec.priority_class_name)),
         ("runtimeClassName", text(&spec.runtime_class_name)),
         ("restartPolicy", text(&spec.restart_policy)),

@@ -317,12 +317,12 @@ fn cached<T: ?Sized>(table: &Table<T>, key: &[u8]) -> Option<Arc<T>> {
     table.lock().ok()?.get(key).cloned()
 }
 
-fn keep<T: ?Sized>(table: &Table<T>, key: Vec<u8>, fragment: Arc<T>) {
+fn keep<T: ?Sized>(table: &Table<T>, key: Vec<u8>, value: Arc<T>) {
     if let Ok(mut entries) = table.lock() {
         if entries.len() >= CACHE_LIMIT {
             entries.clear();
         }
-        entries.insert(key, fragment);
+        entries.insert(key, value);
     }
 }
 

@@ -20,7 +20,6 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use serde::de::IgnoredAny;
 
 pub use super::json::Raw;
 use super::json::{JsonError, Reader, Result as R};
@@ -301,22 +300,6 @@ impl VolumeView<'_> {
     /// A ServiceAccount token volume as the ServiceAccount admission plugin adds it: its name is
     /// random per pod (`kube-api-access-*`) and it projects a token.
     pub fn is_token_volume(&self) -> Result<bool, serde_json::Error> {
-        #[derive(Deserialize)]
-        struct Volume {
-            #[serde(default)]
-            projected: Option<Projected>,
-        }
-        #[derive(Deserialize)]
-        struct Projected {
-            #[serde(default)]
-            sources: Option<Vec<Source>>,
-        }
-        #[derive(Deserialize)]
-        #[serde(rename_all = "camelCase")]
-        struct Source {
-            #[serde(default)]
-            service_account_token: Option<IgnoredAny>,
-        }
         if !self.name.starts_with("kube-api-access-") {
             return Ok(false);
         }
@@ -324,19 +307,12 @@ impl VolumeView<'_> {
             .members
             .iter()
             .filter(|(k, _)| k.as_str() == "projected");
-        let v: Volume = match (projected.next(), projected.next()) {
-            // The one member that tells, read alone with the view's reader.
-            (Some((_, raw)), None) => {
-                return projects_a_token(raw.get()).map_err(serde::de::Error::custom);
-            }
-            _ => serde_json::from_str(&self.json())?,
-        };
-        Ok(v.projected.is_some_and(|p| {
-            p.sources
-                .iter()
-                .flatten()
-                .any(|s| s.service_account_token.is_some())
-        }))
+        match (projected.next(), projected.next()) {
+            (None, _) => Ok(false),
+            (Some((_, raw)), None) => projects_a_token(raw.get()).map_err(serde::de::Error::custom),
+            // As the typed `Volume` refuses it.
+            (Some(_), Some(_)) => Err(serde::de::Error::custom("duplicate field `projected`")),
+        }
     }
 }
 
@@ -733,37 +709,21 @@ fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
 
 /// Whether a volume's `projected` member (its JSON) has a source with a `serviceAccountToken`,
 /// read as the typed `ProjectedVolumeSource` would be: a field given twice is refused.
-fn projects_a_token(json: &str) -> R<bool> {
+fn projects_a_token<'a>(json: &'a str) -> R<bool> {
+    let token = |r: &mut Reader<'a>| -> R<bool> {
+        let mut token = None;
+        members!(r, { "serviceAccountToken" => opt_raw => token })?;
+        Ok(token.is_some())
+    };
     let mut r = Reader::new(json);
-    let mut found = false;
-    if !r.null()? {
-        let mut read = 0;
-        r.object(|r, key| {
-            if &*key != "sources" {
-                return r.skip();
-            }
-            once(r, &mut read, 1)?;
-            if r.null()? {
-                return Ok(());
-            }
-            r.array(|r| {
-                let mut seen = 0;
-                r.object(|r, key| {
-                    if &*key != "serviceAccountToken" {
-                        return r.skip();
-                    }
-                    once(r, &mut seen, 1)?;
-                    if !r.null()? {
-                        r.skip()?;
-                        found = true;
-                    }
-                    Ok(())
-                })
-            })
-        })?;
-    }
+    let mut sources = None;
+    optional(&mut r, |r| {
+        members!(r, {
+            "sources" => |r: &mut Reader<'a>| optional(r, |r| list(r, token)) => sources,
+        })
+    })?;
     r.end()?;
-    Ok(found)
+    Ok(sources.into_iter().flatten().any(|token| token))
 }
 
 fn volume<'a>(r: &mut Reader<'a>) -> R<VolumeView<'a>> {
@@ -771,14 +731,11 @@ fn volume<'a>(r: &mut Reader<'a>) -> R<VolumeView<'a>> {
         name: Str::default(),
         members: Vec::with_capacity(4),
     };
-    let mut named = false;
+    let mut read = 0;
     r.object(|r, key| {
         let raw = if &*key == "name" {
             // The name given twice is left to the typed road, as for a container.
-            if named {
-                return Err(r.wrong("duplicate field"));
-            }
-            named = true;
+            once(r, &mut read, 1)?;
             let (name, raw) = r.spanned(opt_string)?;
             v.name = name.unwrap_or_default();
             raw
