@@ -345,3 +345,57 @@ async fn sigterm_under_load_loses_nothing() {
     assert!(before > 0, "no request answered before SIGTERM");
     server.sigterm_loses_nothing(clients).await;
 }
+
+/// SIGTERM with `--shutdown-delay`: /readyz fails at once, yet new connections are still
+/// accepted and answered until the delay ends (an API server whose endpoint list is a moment
+/// behind is not refused); then the listener closes and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_delay_answers_new_connections_until_it_ends() {
+    let server = ServerProcess::start(&["--shutdown-delay", "2s"]).await;
+    let (status, _) = post_h1(server.addr, &server.ca_pem, "/mutate", review("before"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let term = std::time::Instant::now();
+    server.sigterm();
+    assert!(
+        eventually(Duration::from_secs(1), async || {
+            matches!(
+                get(server.admin, "/readyz").await,
+                Ok((StatusCode::SERVICE_UNAVAILABLE, _))
+            )
+        })
+        .await,
+        "/readyz did not turn 503 after SIGTERM"
+    );
+    // Within the delay: a new connection is accepted and its review injected.
+    let (status, body) = post_h1(server.addr, &server.ca_pem, "/mutate", review("during"))
+        .await
+        .expect("a new connection during the shutdown delay was refused");
+    assert_eq!(status, StatusCode::OK);
+    assert!(injected(&body), "{}", String::from_utf8_lossy(&body));
+    assert!(
+        term.elapsed() < Duration::from_millis(1500),
+        "the check ran too late to prove anything"
+    );
+    // After the delay: the listener is closed.
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            tokio::net::TcpStream::connect(server.addr).await.is_err()
+        })
+        .await,
+        "the listener was still open well after the delay"
+    );
+    assert!(
+        term.elapsed() >= Duration::from_secs(2),
+        "the listener closed before the delay ended"
+    );
+    let (status, log) = tokio::task::spawn_blocking(move || server.wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}\n{log}");
+    assert!(
+        log.contains("still accepting until the delay ends"),
+        "{log}"
+    );
+}

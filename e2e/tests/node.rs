@@ -387,6 +387,8 @@ where
 /// n04. With the mutating webhook's failurePolicy Fail, pod creations go on in a steady stream
 /// while one injector pod is deleted and while the Deployment is rolled
 /// (`kubectl rollout restart`): not one creation fails and every pod is stored injected.
+/// Without the chart's shutdown delay (`server.shutdownDelaySeconds`) this failed about one
+/// run in six: the apiserver dialled the deleted pod after its listener had closed.
 #[tokio::test]
 async fn n04_no_admission_fails_while_the_injector_rolls() -> anyhow::Result<()> {
     scenario("n04-rollout", &[Need::Node], |cx| async move {

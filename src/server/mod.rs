@@ -81,7 +81,13 @@ pub struct ServeArgs {
     /// Time allowed for one request, body included (the API server gives up after 30s at most).
     #[arg(long, env = "SIDECAR_INJECTOR_REQUEST_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub request_timeout: Duration,
-    /// On SIGTERM, how long in-flight requests may take to finish.
+    /// On SIGTERM, how long to go on accepting and answering with /readyz failing, before
+    /// the listener closes. In a cluster the API server may still dial this pod for a moment
+    /// after it is deleted (until the endpoint removal reaches it); set this longer than that
+    /// (the chart sets 5s).
+    #[arg(long, env = "SIDECAR_INJECTOR_SHUTDOWN_DELAY", value_parser = parse_duration, default_value = "0s")]
+    pub shutdown_delay: Duration,
+    /// On SIGTERM, how long in-flight requests may take to finish once the listener is closed.
     #[arg(long, env = "SIDECAR_INJECTOR_SHUTDOWN_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
     pub shutdown_timeout: Duration,
     /// How often files are re-checked in case a change notification was missed.
@@ -170,6 +176,7 @@ pub struct Server {
     admin_listener: TcpListener,
     acceptor: TlsAcceptor,
     header_read_timeout: Duration,
+    shutdown_delay: Duration,
     shutdown_timeout: Duration,
     reloader: tokio::task::JoinHandle<()>,
 }
@@ -188,6 +195,7 @@ impl Server {
             max_body_bytes,
             header_read_timeout,
             request_timeout,
+            shutdown_delay,
             shutdown_timeout,
             reload_interval,
             config,
@@ -255,13 +263,15 @@ impl Server {
             admin_listener,
             acceptor,
             header_read_timeout,
+            shutdown_delay,
             shutdown_timeout,
             reloader,
         })
     }
 
-    /// Serves until `shutdown` resolves; then readiness fails, the listener closes, in-flight
-    /// requests finish (at most `--shutdown-timeout`), and this returns.
+    /// Serves until `shutdown` resolves; then readiness fails, new requests are still accepted
+    /// and answered for `--shutdown-delay`, the listener closes, in-flight requests finish (at
+    /// most `--shutdown-timeout`), and this returns.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let Self {
             state,
@@ -269,6 +279,7 @@ impl Server {
             admin_listener,
             acceptor,
             header_read_timeout,
+            shutdown_delay,
             shutdown_timeout,
             reloader,
             ..
@@ -276,11 +287,30 @@ impl Server {
         let builder = Arc::new(http_builder(header_read_timeout));
         let drain = drain::Drain::new();
         let admin = tokio::spawn(serve_admin(admin_listener, state.clone(), builder.clone()));
-        tokio::select! {
-            () = accept_tls(&tls_listener, &acceptor, &state, &builder, &drain, header_read_timeout) => {}
-            () = shutdown => {}
+        {
+            let accept = accept_tls(
+                &tls_listener,
+                &acceptor,
+                &state,
+                &builder,
+                &drain,
+                header_read_timeout,
+            );
+            tokio::pin!(accept);
+            tokio::select! {
+                () = &mut accept => {}
+                () = shutdown => {}
+            }
+            state.draining.store(true, Ordering::SeqCst);
+            if !shutdown_delay.is_zero() {
+                // Whoever still routes here (an endpoint list not yet updated) is still answered.
+                tracing::info!(delay = ?shutdown_delay, "not ready; still accepting until the delay ends");
+                tokio::select! {
+                    () = &mut accept => {}
+                    () = tokio::time::sleep(shutdown_delay) => {}
+                }
+            }
         }
-        state.draining.store(true, Ordering::SeqCst);
         drop(tls_listener);
         tracing::info!("listener closed; draining in-flight requests");
         match tokio::time::timeout(shutdown_timeout, drain.finish()).await {

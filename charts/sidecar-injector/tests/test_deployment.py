@@ -64,6 +64,18 @@ def test_listeners_and_probes(helm):
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "admin"}
 
 
+def test_shutdown_answers_through_the_delay_within_the_grace_period(helm):
+    r = render(helm=helm)
+    e = env(r)
+    assert e["SIDECAR_INJECTOR_SHUTDOWN_DELAY"]["value"] == "5s"
+    assert e["SIDECAR_INJECTOR_SHUTDOWN_TIMEOUT"]["value"] == "20s"
+    assert r.pod_spec["terminationGracePeriodSeconds"] == 30
+    r = render("server.shutdownDelaySeconds=0", "server.shutdownTimeoutSeconds=40", helm=helm)
+    assert env(r)["SIDECAR_INJECTOR_SHUTDOWN_DELAY"]["value"] == "0s"
+    assert env(r)["SIDECAR_INJECTOR_SHUTDOWN_TIMEOUT"]["value"] == "40s"
+    assert r.pod_spec["terminationGracePeriodSeconds"] == 45
+
+
 def test_config_and_tls_are_whole_directory_mounts(helm):
     r = render(helm=helm)
     mounts = {m["name"]: m for m in r.container["volumeMounts"]}
