@@ -1077,6 +1077,12 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
 
     // Mounts and env reach every application container present now, including containers
     // another webhook added after us, so that reinvocation converges.
+    let template_env: Names<'_> = plan
+        .templates
+        .iter()
+        .flat_map(|t| parts(&t.fragment.env, &t.fragment.json.env))
+        .map(|e| e.value.name.as_str())
+        .collect();
     for (index, container) in pod.containers().iter().enumerate() {
         if sidecars.contains(container.name.as_str()) {
             continue;
@@ -1084,8 +1090,14 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
         let mounts = container.volume_mounts.as_deref().unwrap_or_default();
         let mut mount_names: Names<'_> = mounts.iter().map(|m| m.name()).collect();
         let mut mount_paths: Names<'_> = mounts.iter().map(|m| m.mount_path()).collect();
+        // Of the container's env (thousands, in a large pod) only the names the templates add
+        // matter: one pass keeps those, instead of a set of them all.
         let env = container.env.as_deref().unwrap_or_default();
-        let mut env_names: Names<'_> = env.iter().map(|e| e.name()).collect();
+        let mut env_names: Names<'_> = env
+            .iter()
+            .map(|e| e.name())
+            .filter(|name| template_env.contains(name))
+            .collect();
         for t in &plan.templates {
             let f = &*t.fragment;
             for m in parts(&f.volume_mounts, &f.json.volume_mounts) {

@@ -80,10 +80,9 @@ impl<'a> Reader<'a> {
         Err(JsonError { what, at: self.pos })
     }
 
+    #[inline(always)]
     fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.bytes.get(self.pos) {
-            self.pos += 1;
-        }
+        self.pos = ws_end(self.bytes, self.pos);
     }
 
     /// The end of the text: only whitespace may follow the value.
@@ -150,18 +149,32 @@ impl<'a> Reader<'a> {
     }
 
     /// A string, borrowed from the text unless it has escapes.
+    #[inline(always)]
     pub fn string(&mut self) -> Result<Cow<'a, str>> {
-        self.ws();
-        if !self.eat(b'"') {
-            return self.error("expected a string");
-        }
-        let start = self.pos;
-        self.plain();
-        match self.bytes.get(self.pos) {
-            Some(b'"') => {
-                self.pos += 1;
-                Ok(Cow::Borrowed(&self.text[start..self.pos - 1]))
+        let bytes = self.bytes;
+        let mut p = self.pos;
+        if bytes.get(p) != Some(&b'"') {
+            p = ws_end(bytes, p);
+            self.pos = p;
+            if bytes.get(p) != Some(&b'"') {
+                return self.error("expected a string");
             }
+        }
+        let start = p + 1;
+        let end = plain_run(bytes, start);
+        self.pos = end;
+        // The common case, a string without escapes, returns here; the rest is out of line.
+        if bytes.get(end) == Some(&b'"') {
+            self.pos = end + 1;
+            return Ok(Cow::Borrowed(&self.text[start..end]));
+        }
+        self.string_rest(start)
+    }
+
+    /// [`Self::string`] at a byte that is not the closing quote.
+    #[inline(never)]
+    fn string_rest(&mut self, start: usize) -> Result<Cow<'a, str>> {
+        match self.bytes.get(self.pos) {
             Some(b'\\') => {
                 let mut owned = String::with_capacity(self.pos - start + 16);
                 owned.push_str(&self.text[start..self.pos]);
@@ -174,6 +187,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Steps over the plain run of a string.
+    #[inline(always)]
     fn plain(&mut self) {
         self.pos = plain_run(self.bytes, self.pos);
     }
@@ -272,7 +286,28 @@ impl<'a> Reader<'a> {
     /// Steps over one value of any kind, checking it. Iterative: a deep value cannot exhaust
     /// the stack, and nesting past [`DEPTH`] is refused. The position lives in a local here
     /// (this loop is most of a review's reading), and goes back to `self` on the way out.
+    #[inline(always)]
     pub fn skip(&mut self) -> Result<()> {
+        self.ws();
+        // A string, most of what is stepped over, without the container machinery.
+        if self.bytes.get(self.pos) == Some(&b'"') {
+            self.pos = plain_run(self.bytes, self.pos + 1);
+            return match self.bytes.get(self.pos) {
+                Some(b'"') => {
+                    self.pos += 1;
+                    Ok(())
+                }
+                Some(b'\\') => self.escaped(None),
+                Some(_) => self.error("control character in a string"),
+                None => self.error("unterminated string"),
+            };
+        }
+        self.skip_any()
+    }
+
+    /// [`Self::skip`] for any value.
+    #[inline(never)]
+    fn skip_any(&mut self) -> Result<()> {
         let bytes = self.bytes;
         let mut p = self.pos;
         // Bit i: the container open at relative level i is an object.
@@ -286,9 +321,7 @@ impl<'a> Reader<'a> {
         }
         macro_rules! ws {
             () => {
-                while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(p) {
-                    p += 1;
-                }
+                p = ws_end(bytes, p)
             };
         }
         macro_rules! string {
@@ -464,12 +497,74 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The end of the whitespace that starts at `i`. Indentation comes in runs of spaces, taken
+/// eight at a time.
+#[inline(always)]
+fn ws_end(bytes: &[u8], mut i: usize) -> usize {
+    loop {
+        match bytes.get(i) {
+            Some(b' ' | b'\n' | b'\r' | b'\t') => i += 1,
+            _ => return i,
+        }
+        while let Some(word) = bytes.get(i..i + 8) {
+            if word != b"        " {
+                break;
+            }
+            i += 8;
+        }
+    }
+}
+
 /// The end of the plain run of a string that starts at `i`, eight bytes at a time: a word
 /// holds a stop byte when one of its bytes equals `"` or `\\` or is below 0x20. Each test can
 /// also flag a byte after a true one (a borrow), never before, so the lowest flag is the first
 /// stop.
+///
+/// On x86_64 sixteen bytes are tested at a time with SSE2 (part of the architecture), the
+/// eight-byte test taking the last few.
 #[inline(always)]
-fn plain_run(bytes: &[u8], mut i: usize) -> usize {
+fn plain_run(bytes: &[u8], i: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    let i = match plain_run_sse2(bytes, i) {
+        Ok(stop) => return stop,
+        Err(rest) => rest,
+    };
+    plain_run_swar(bytes, i)
+}
+
+/// Sixteen bytes at a time: the first stop byte, or (`Err`) where fewer than 16 bytes are left.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn plain_run_sse2(bytes: &[u8], mut i: usize) -> std::result::Result<usize, usize> {
+    use safe_arch::{
+        cmp_eq_mask_i8_m128i, load_unaligned_m128i, min_u8_m128i, move_mask_i8_m128i,
+        set_splat_i8_m128i,
+    };
+    let quote = set_splat_i8_m128i(b'"' as i8);
+    let backslash = set_splat_i8_m128i(b'\\' as i8);
+    let control = set_splat_i8_m128i(0x1f);
+    while let Some(chunk) = bytes.get(i..i + 16) {
+        let mut sixteen = [0; 16];
+        sixteen.copy_from_slice(chunk);
+        let v = load_unaligned_m128i(&sixteen);
+        // A byte is below 0x20 when its unsigned minimum with 0x1f is itself.
+        let stop = cmp_eq_mask_i8_m128i(v, quote)
+            | cmp_eq_mask_i8_m128i(v, backslash)
+            | cmp_eq_mask_i8_m128i(min_u8_m128i(v, control), v);
+        let mask = move_mask_i8_m128i(stop);
+        if mask != 0 {
+            return Ok(i + mask.trailing_zeros() as usize);
+        }
+        i += 16;
+    }
+    Err(i)
+}
+
+// Only the last few bytes of a body, on x86_64: kept out of line, so that the SSE2 loop
+// inlined into the string readers needs few registers.
+#[cfg_attr(target_arch = "x86_64", inline(never), cold)]
+#[cfg_attr(not(target_arch = "x86_64"), inline(always))]
+fn plain_run_swar(bytes: &[u8], mut i: usize) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     while let Some(word) = bytes.get(i..i + 8) {
@@ -533,6 +628,62 @@ fn number_end(bytes: &[u8], mut p: usize) -> std::result::Result<usize, usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The plain run, however the SSE2 and eight-byte tests share the text, ends where a byte
+    /// at a time says: every stop byte, at every offset, in texts of every length up to 48.
+    #[test]
+    fn plain_run_stops_where_a_byte_at_a_time_stops() {
+        let reference = |bytes: &[u8], i: usize| {
+            (i..bytes.len())
+                .find(|&k| STOP[bytes[k] as usize])
+                .unwrap_or(bytes.len())
+        };
+        for len in 0..48 {
+            for fill in [b'a', b' ', 0x7f, 0x80, 0xc3, 0xff] {
+                let plain = vec![fill; len];
+                for start in 0..=len.min(3) {
+                    assert_eq!(plain_run(&plain, start), reference(&plain, start));
+                }
+                for at in 0..len {
+                    for stop in [b'"', b'\\', 0x00, 0x0a, 0x1f] {
+                        let mut text = plain.clone();
+                        text[at] = stop;
+                        for start in 0..=at.min(3) {
+                            assert_eq!(
+                                plain_run(&text, start),
+                                reference(&text, start),
+                                "len {len}, fill {fill:#x}, stop {stop:#x} at {at}, from {start}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn whitespace_runs_end_at_the_first_other_byte() {
+        for len in 0..40 {
+            for tail in [&b""[..], b"x", b"\t ", b"\n{"] {
+                let mut text = vec![b' '; len];
+                text[len / 2..]
+                    .iter_mut()
+                    .step_by(3)
+                    .for_each(|b| *b = b'\n');
+                text.extend_from_slice(tail);
+                let end = text
+                    .iter()
+                    .position(|b| !b" \n\r\t".contains(b))
+                    .unwrap_or(text.len());
+                assert_eq!(
+                    ws_end(&text, 0),
+                    end,
+                    "{:?}",
+                    String::from_utf8_lossy(&text)
+                );
+            }
+        }
+    }
 
     fn skips(text: &str) -> bool {
         let mut r = Reader::new(text);
