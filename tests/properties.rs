@@ -470,7 +470,7 @@ proptest! {
 
             let mut json = serde_json::to_value(&pod).expect("pods serialize");
             let bytes = to_patch(&view, &edits);
-            // The base64 written piece by piece is the base64 of the whole.
+            // The SIMD-encoded base64 is the reference encoder's base64 of the patch.
             let written = to_patch_base64(&view, &edits);
             prop_assert_eq!(
                 String::from_utf8_lossy(&written),

@@ -62,26 +62,18 @@ pub struct Encoded {
     pub image_pull_secrets: Vec<Piece>,
 }
 
-/// One item's JSON, with trailing spaces to a multiple of 3 bytes, and its base64: a patch
-/// that places it at a multiple of 3 bytes copies the base64 instead of encoding it again.
+/// One item's JSON, encoded once when its fragment is rendered; a patch copies it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Piece {
     pub json: String,
-    pub b64: String,
 }
 
 fn encode_each<T: Serialize>(items: &[T]) -> Vec<Piece> {
-    use base64::Engine as _;
     items
         .iter()
-        .map(|item| {
+        .map(|item| Piece {
             // k8s-openapi types always serialize.
-            let mut json = serde_json::to_string(item).unwrap_or_default();
-            while json.len() % 3 != 0 {
-                json.push(' ');
-            }
-            let b64 = base64::engine::general_purpose::STANDARD.encode(&json);
-            Piece { json, b64 }
+            json: serde_json::to_string(item).unwrap_or_default(),
         })
         .collect()
 }
