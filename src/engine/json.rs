@@ -428,6 +428,19 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// What `read` reads; if it fails, the reader goes back to where it was (for the caller
+    /// to read the value another way) and this is `None`.
+    pub fn attempt<T>(&mut self, read: impl FnOnce(&mut Self) -> Result<T>) -> Option<T> {
+        let (pos, depth) = (self.pos, self.depth);
+        match read(self) {
+            Ok(value) => Some(value),
+            Err(_) => {
+                (self.pos, self.depth) = (pos, depth);
+                None
+            }
+        }
+    }
+
     /// What `read` reads, and the JSON text it read.
     pub fn spanned<T>(
         &mut self,

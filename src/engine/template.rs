@@ -1,5 +1,6 @@
 //! Sidecar templates: minijinja sources rendered with a pod's context into a [`Fragment`].
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -279,8 +280,41 @@ pub struct TemplateSet {
     /// Per template, what it reads of the pod context.
     reads: BTreeMap<String, Reads>,
     /// Per template, its overrides when the pod sets none (checked once, at load).
-    defaults: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    defaults: BTreeMap<String, Overrides<'static>>,
     owned: Owned,
+}
+
+/// A template's overrides for one pod: the checked values, and their JSON, which is part of
+/// the render-cache key. A pod that sets none borrows the template's defaults, values and JSON
+/// both made once, at load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Overrides<'s> {
+    pub values: Cow<'s, BTreeMap<String, serde_json::Value>>,
+    json: Cow<'s, [u8]>,
+}
+
+impl Overrides<'static> {
+    pub fn owned(values: BTreeMap<String, serde_json::Value>) -> Self {
+        let json = if values.is_empty() {
+            Vec::new()
+        } else {
+            // A map of JSON values always serializes.
+            serde_json::to_vec(&values).unwrap_or_default()
+        };
+        Self {
+            values: Cow::Owned(values),
+            json: Cow::Owned(json),
+        }
+    }
+}
+
+impl Overrides<'_> {
+    fn borrowed(&self) -> Overrides<'_> {
+        Overrides {
+            values: Cow::Borrowed(&*self.values),
+            json: Cow::Borrowed(&*self.json),
+        }
+    }
 }
 
 /// Rendered fragments, looked up two ways.
@@ -422,6 +456,7 @@ impl TemplateSet {
                         file: file_name(name),
                         detail: e.to_string(),
                     })?;
+            let defaults = Overrides::owned(defaults.values.into_owned());
             set.defaults.insert(name.clone(), defaults);
         }
         set.owned = set.check_samples()?;
@@ -563,7 +598,7 @@ impl TemplateSet {
         &self,
         name: &str,
         annotations: &BTreeMap<K, V>,
-    ) -> Result<BTreeMap<String, serde_json::Value>, BadValue>
+    ) -> Result<Overrides<'_>, BadValue>
     where
         K: std::borrow::Borrow<str> + Ord,
         V: AsRef<str>,
@@ -575,13 +610,13 @@ impl TemplateSet {
                     .keys()
                     .any(|a| annotations.contains_key(a.as_str())) =>
             {
-                overrides::resolve(declared, annotations)
+                overrides::resolve(declared, annotations).map(Overrides::owned)
             }
             Some(declared) => match self.defaults.get(name) {
-                Some(defaults) => Ok(defaults.clone()),
-                None => overrides::resolve(declared, annotations),
+                Some(defaults) => Ok(defaults.borrowed()),
+                None => overrides::resolve(declared, annotations).map(Overrides::owned),
             },
-            None => Ok(BTreeMap::new()),
+            None => Ok(Overrides::owned(BTreeMap::new())),
         }
     }
 
@@ -604,7 +639,7 @@ impl TemplateSet {
         &self,
         name: &str,
         pod: &PodContext<'_>,
-        overrides: &BTreeMap<String, serde_json::Value>,
+        overrides: &Overrides<'_>,
     ) -> Result<Arc<Fragment>, TemplateError> {
         // The serialized context is its own key (equal bytes, equal rendering), marked apart
         // from the keys the engine builds from a request.
@@ -619,23 +654,21 @@ impl TemplateSet {
         &self,
         name: &str,
         key: &[u8],
-        overrides: &BTreeMap<String, serde_json::Value>,
+        overrides: &Overrides<'_>,
         context: impl FnOnce() -> Result<PodContext<'c>, E>,
     ) -> Result<Arc<Fragment>, E> {
         // `values` belong to the set, which is rebuilt when they change.
-        let mut full = Vec::with_capacity(name.len() + key.len() + 64);
+        let mut full = Vec::with_capacity(name.len() + overrides.json.len() + key.len() + 2);
         full.extend_from_slice(name.as_bytes());
         full.push(0);
-        if !overrides.is_empty() {
-            full.extend(serde_json::to_vec(overrides).unwrap_or_default());
-        }
+        full.extend_from_slice(&overrides.json);
         full.push(0);
         full.extend_from_slice(key);
         if let Some(fragment) = cached(&self.cache.by_context, &full) {
             return Ok(fragment);
         }
         let pod = context()?;
-        let text = self.render_text(name, &pod, overrides)?;
+        let text = self.render_text(name, &pod, &overrides.values)?;
         let mut by_text = Vec::with_capacity(name.len() + 1 + text.len());
         by_text.extend_from_slice(name.as_bytes());
         by_text.push(0);
@@ -770,7 +803,7 @@ mod tests {
             "containers:\n  - name: c\n    image: img:1\n    args: [\"{{ pod.namespace }}\"]\n",
         )
         .expect("compiles");
-        let none = BTreeMap::new();
+        let none = Overrides::owned(BTreeMap::new());
         let first = set
             .render("t", &ctx("a", json!({})), &none)
             .expect("renders");
@@ -798,7 +831,8 @@ mod tests {
         )
         .expect("compiles");
         let args = |spec: serde_json::Value, level: &str| {
-            let overrides = [("example.com/level".to_owned(), json!(level))].into();
+            let overrides =
+                Overrides::owned([("example.com/level".to_owned(), json!(level))].into());
             set.render("t", &ctx("a", spec), &overrides)
                 .expect("renders")
                 .containers[0]
@@ -851,7 +885,11 @@ mod tests {
         )
         .expect("compiles");
         let f = set
-            .render("t", &ctx("team: a", json!({})), &BTreeMap::new())
+            .render(
+                "t",
+                &ctx("team: a", json!({})),
+                &Overrides::owned(BTreeMap::new()),
+            )
             .expect("renders");
         assert_eq!(
             f.containers[0].args.as_deref(),

@@ -289,6 +289,9 @@ pub struct VolumeView<'a> {
     pub name: Str<'a>,
     /// Every member.
     pub members: Members<'a>,
+    /// Whether its (last) `projected` member projects a token, when the reader could tell in
+    /// the same pass; else [`Self::is_token_volume`] reads that member's JSON again.
+    pub projects_token: Option<bool>,
 }
 
 impl VolumeView<'_> {
@@ -309,6 +312,9 @@ impl VolumeView<'_> {
             .filter(|(k, _)| k.as_str() == "projected");
         match (projected.next(), projected.next()) {
             (None, _) => Ok(false),
+            (Some(_), None) if self.projects_token.is_some() => {
+                Ok(self.projects_token == Some(true))
+            }
             (Some((_, raw)), None) => projects_a_token(raw.get()).map_err(serde::de::Error::custom),
             // As the typed `Volume` refuses it.
             (Some(_), Some(_)) => Err(serde::de::Error::custom("duplicate field `projected`")),
@@ -707,40 +713,60 @@ fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
     Ok(c)
 }
 
-/// Whether a volume's `projected` member (its JSON) has a source with a `serviceAccountToken`,
-/// read as the typed `ProjectedVolumeSource` would be: a field given twice is refused.
-fn projects_a_token<'a>(json: &'a str) -> R<bool> {
+/// Whether a volume's `projected` member has a source with a `serviceAccountToken`, read as
+/// the typed `ProjectedVolumeSource` would be: a field given twice is refused.
+fn projected_token<'a>(r: &mut Reader<'a>) -> R<bool> {
     let token = |r: &mut Reader<'a>| -> R<bool> {
         let mut token = None;
         members!(r, { "serviceAccountToken" => opt_raw => token })?;
         Ok(token.is_some())
     };
-    let mut r = Reader::new(json);
     let mut sources = None;
-    optional(&mut r, |r| {
+    optional(r, |r| {
         members!(r, {
             "sources" => |r: &mut Reader<'a>| optional(r, |r| list(r, token)) => sources,
         })
     })?;
-    r.end()?;
     Ok(sources.into_iter().flatten().any(|token| token))
+}
+
+/// [`projected_token`] of a `projected` member's JSON.
+fn projects_a_token(json: &str) -> R<bool> {
+    let mut r = Reader::new(json);
+    let token = projected_token(&mut r)?;
+    r.end()?;
+    Ok(token)
 }
 
 fn volume<'a>(r: &mut Reader<'a>) -> R<VolumeView<'a>> {
     let mut v = VolumeView {
         name: Str::default(),
         members: Vec::with_capacity(4),
+        projects_token: None,
     };
     let mut read = 0;
     r.object(|r, key| {
-        let raw = if &*key == "name" {
-            // The name given twice is left to the typed road, as for a container.
-            once(r, &mut read, 1)?;
-            let (name, raw) = r.spanned(opt_string)?;
-            v.name = name.unwrap_or_default();
-            raw
-        } else {
-            r.raw()?
+        let raw = match &*key {
+            "name" => {
+                // The name given twice is left to the typed road, as for a container.
+                once(r, &mut read, 1)?;
+                let (name, raw) = r.spanned(opt_string)?;
+                v.name = name.unwrap_or_default();
+                raw
+            }
+            // Told in this pass when it reads; a member it cannot read is only kept (checked
+            // as JSON), as any member the engine does not read, and told later if asked.
+            "projected" => match r.attempt(|r| r.spanned(projected_token)) {
+                Some((token, raw)) => {
+                    v.projects_token = Some(token);
+                    raw
+                }
+                None => {
+                    v.projects_token = None;
+                    r.raw()?
+                }
+            },
+            _ => r.raw()?,
         };
         v.members.push((Str(key), raw));
         Ok(())
@@ -780,6 +806,36 @@ mod tests {
             serde_json::from_str(&volumes[0].json()).expect("typed");
         assert_eq!(typed.name, "kube-api-access-x1");
         assert!(typed.projected.is_some());
+        // Told in the same pass, not by reading the member again.
+        assert_eq!(volumes[0].projects_token, Some(true));
+        assert_eq!(volumes[1].projects_token, Some(false));
+        assert_eq!(volumes[2].projects_token, None);
+    }
+
+    /// A `projected` member the token reader cannot read (a source that is not an object, a
+    /// field given twice) is kept as JSON like any other member, the rest of the pod is read,
+    /// and the token question gets the answer it got before: the typed refusal.
+    #[test]
+    fn a_projected_member_not_read_in_pass_is_told_as_before() {
+        for projected in [
+            r#"{"sources":[1]}"#,
+            r#"{"sources":[],"sources":[]}"#,
+            r#"{"sources":[{"serviceAccountToken":{},"serviceAccountToken":{}}]}"#,
+        ] {
+            let body = format!(
+                r#"{{"spec":{{"volumes":[{{"name":"kube-api-access-x","projected":{projected}}},{{"name":"after"}}]}}}}"#
+            );
+            let pod = PodView::parse(body.as_bytes()).expect("reads");
+            let volumes = pod.spec.as_ref().expect("spec").volumes();
+            assert_eq!(volumes[0].projects_token, None, "{projected}");
+            assert_eq!(volumes[0].members[1].1.get(), projected);
+            assert_eq!(volumes[1].name.as_str(), "after");
+            assert!(volumes[0].is_token_volume().is_err(), "{projected}");
+            assert_eq!(
+                volumes[0].is_token_volume().is_err(),
+                projects_a_token(projected).is_err()
+            );
+        }
     }
 
     #[test]
