@@ -800,14 +800,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     }
     let hash = fragment_hash(inj, &templates);
     let kept = kept_containers(facts, previous.as_ref(), &templates, &hash, &mut notes);
-    let status = serde_json::to_string(&Status {
-        templates: templates.iter().map(|t| t.name.clone()).collect(),
-        hash,
-        kept,
-        revision: cfg.revision.clone(),
-        context: Some(seen),
-    })
-    .unwrap_or_default();
+    let status = status_json(inj, &templates, hash, kept, &cfg.revision, seen);
     Ok(Decision::Inject(Plan {
         entry,
         templates,
@@ -887,6 +880,54 @@ fn kept_containers(
         }
     }
     kept
+}
+
+/// The status annotation's value, serialized once per distinct status: the pods of one shape
+/// given the same renderings carry the same bytes. The key writes every part with its length,
+/// so that two statuses share a key only when they are equal; it starts with a byte no UTF-8
+/// text starts with, apart from the fragment digests' keys in the same table.
+fn status_json(
+    inj: &Injector,
+    templates: &[Rendered],
+    hash: String,
+    kept: Vec<String>,
+    revision: &str,
+    seen: Seen,
+) -> String {
+    fn put(key: &mut Vec<u8>, text: &str) {
+        key.extend_from_slice(&(text.len() as u64).to_le_bytes());
+        key.extend_from_slice(text.as_bytes());
+    }
+    fn list<'s>(key: &mut Vec<u8>, texts: impl ExactSizeIterator<Item = &'s str>) {
+        key.extend_from_slice(&(texts.len() as u64).to_le_bytes());
+        texts.for_each(|text| put(key, text));
+    }
+    let mut key = Vec::with_capacity(256);
+    key.push(0xff);
+    list(&mut key, templates.iter().map(|t| t.name.as_str()));
+    put(&mut key, &hash);
+    list(&mut key, kept.iter().map(String::as_str));
+    put(&mut key, revision);
+    // Every field, so that a new one cannot be left out of the key.
+    let Seen {
+        containers,
+        init_containers,
+        volumes,
+    } = &seen;
+    for names in [containers, init_containers, volumes] {
+        list(&mut key, names.iter().map(String::as_str));
+    }
+    let status = inj.templates.digest_with(key, |_| {
+        serde_json::to_string(&Status {
+            templates: templates.iter().map(|t| t.name.clone()).collect(),
+            hash,
+            kept,
+            revision: revision.to_owned(),
+            context: Some(seen),
+        })
+        .unwrap_or_default()
+    });
+    status.to_string()
 }
 
 /// A short hash of what the templates rendered, for the status annotation.
@@ -1535,6 +1576,41 @@ mod tests {
                 serde_json::to_string(&text).expect("serializes"),
                 "{text:?}"
             );
+        }
+    }
+
+    /// Statuses are remembered by a key of their parts: statuses that differ only in how
+    /// their names split or which list holds them still get their own bytes.
+    #[test]
+    fn remembered_statuses_are_told_apart() {
+        let inj = injector();
+        let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        let seen = |c: &[&str], i: &[&str], v: &[&str]| Seen {
+            containers: names(c),
+            init_containers: names(i),
+            volumes: names(v),
+        };
+        let cases = [
+            (names(&[]), seen(&["a", "b"], &[], &[])),
+            (names(&[]), seen(&["ab"], &[], &[])),
+            (names(&[]), seen(&["a"], &["b"], &[])),
+            (names(&[]), seen(&["a"], &[], &["b"])),
+            (names(&["a"]), seen(&["b"], &[], &[])),
+            (names(&["a", "b"]), seen(&[], &[], &[])),
+        ];
+        for _ in 0..2 {
+            for (kept, seen) in &cases {
+                let expected = serde_json::to_string(&Status {
+                    templates: vec![],
+                    hash: "h".into(),
+                    kept: kept.clone(),
+                    revision: String::new(),
+                    context: Some(seen.clone()),
+                })
+                .expect("serializes");
+                let got = status_json(&inj, &[], "h".into(), kept.clone(), "", seen.clone());
+                assert_eq!(got, expected);
+            }
         }
     }
 
