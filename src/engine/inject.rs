@@ -1307,25 +1307,18 @@ impl PatchWriter {
                 self.text(token.as_bytes());
                 continue;
             }
-            // RFC 6901: `~` is written `~0` and `/` is written `~1`; then JSON string escaping.
-            // A label or annotation key (`example.com/name`) needs only the first.
-            if !token.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
-                for (i, run) in token.split('/').enumerate() {
-                    if i > 0 {
-                        self.text(b"~1");
-                    }
-                    for (j, part) in run.split('~').enumerate() {
-                        if j > 0 {
-                            self.text(b"~0");
-                        }
-                        self.text(part.as_bytes());
-                    }
+            // RFC 6901: `~` is written `~0` and `/` is written `~1`; then JSON string escaping,
+            // of the parts between them (`~0` and `~1` need none).
+            for (i, run) in token.split('/').enumerate() {
+                if i > 0 {
+                    self.text(b"~1");
                 }
-            } else if token.contains(['~', '/']) {
-                let escaped = token.replace('~', "~0").replace('/', "~1");
-                self.json_str_body(&escaped);
-            } else {
-                self.json_str_body(token);
+                for (j, part) in run.split('~').enumerate() {
+                    if j > 0 {
+                        self.text(b"~0");
+                    }
+                    self.json_str_body(part);
+                }
             }
         }
         self.text(br#"","value":"#);
@@ -1551,31 +1544,35 @@ mod tests {
         }))
     }
 
+    /// A path token is escaped as RFC 6901 and then JSON say, whatever it holds: every ASCII
+    /// byte, `~` and `/` together, non-ASCII text.
     #[test]
-    fn strings_are_escaped_as_serde_json_escapes_them() {
-        let mut texts: Vec<String> = (0u8..0x80).map(|b| format!("a{}z", b as char)).collect();
-        texts.extend(
+    fn path_tokens_are_escaped_as_pointers_then_json() {
+        let mut tokens: Vec<String> = (0u8..0x80).map(|b| format!("a{}z", b as char)).collect();
+        tokens.extend(
             [
                 "",
                 "plain",
-                "\"quoted\"",
-                "back\\slash",
+                "example.com/name",
+                "a~b/c~/~1",
+                "\"quoted\"/~",
+                "back\\slash~",
                 "é ü 🦀",
                 "\u{7f}\u{80}",
-                "a/b~c",
             ]
             .map(String::from),
         );
-        texts.push((0u8..0x20).map(char::from).collect());
-        for text in texts {
+        tokens.push((0u8..0x20).map(char::from).collect());
+        for token in tokens {
             let mut w = PatchWriter { out: Vec::new() };
-            w.json_str(&text);
+            w.op(&[token.as_str()], |w| w.text(b"1"));
             let ours = String::from_utf8(w.out).expect("UTF-8");
-            assert_eq!(
-                ours,
-                serde_json::to_string(&text).expect("serializes"),
-                "{text:?}"
+            let pointer = format!("/{}", token.replace('~', "~0").replace('/', "~1"));
+            let expected = format!(
+                r#"[{{"op":"add","path":{},"value":1}}"#,
+                serde_json::to_string(&pointer).expect("serializes")
             );
+            assert_eq!(ours, expected, "{token:?}");
         }
     }
 
