@@ -796,7 +796,7 @@ fn what_admission_adds_after_us_does_not_change_the_rendering() {
     let Ok(Decision::Inject(plan)) = decide(&inj, &PodFacts::new(&view, Some("shop"))) else {
         panic!("the changed pod is still injected")
     };
-    assert_eq!(plan.status, status.as_str().expect("a status"));
+    assert_eq!(plan.status.text, status.as_str().expect("a status"));
     let proxy = plan.templates[0].fragment.init_containers[0].clone();
     assert_eq!(json!(proxy.args), rendered["args"]);
     assert_eq!(json!(proxy.ports), rendered["ports"]);

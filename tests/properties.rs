@@ -560,7 +560,7 @@ proptest! {
             if let Some(status) = plan(&object) {
                 prop_assert_eq!(
                     object["metadata"]["annotations"][&status_key].as_str(),
-                    Some(status.as_str())
+                    Some(status.text.as_str())
                 );
                 prop_assert_eq!(plan(&later), Some(status));
             }

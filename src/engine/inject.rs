@@ -5,6 +5,7 @@
 //! test holds the two encodings equal.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use foldhash::HashSet;
 
@@ -15,8 +16,11 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::engine::config::{Injector, NAMESPACE_ENABLED};
+use crate::engine::json;
 use crate::engine::overrides::BadValue;
-use crate::engine::template::{Fragment, Keys, Owner, Piece, PodContext, Reads, TemplateError};
+use crate::engine::template::{
+    Fragment, Keys, Owner, Piece, PodContext, Quoted, Reads, TemplateError,
+};
 use crate::engine::view::{ContainerView, PodView, Raw, SpecView, Str, StrMap, VolumeView};
 
 /// Why an opted-in pod was not injected.
@@ -45,7 +49,7 @@ impl std::fmt::Display for SkipReason {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rendered {
     pub name: String,
-    pub fragment: std::sync::Arc<Fragment>,
+    pub fragment: Arc<Fragment>,
 }
 
 /// What the injector decided for a pod.
@@ -106,8 +110,8 @@ pub struct Plan {
     /// The rule that opted the pod in.
     pub entry: Entry,
     pub templates: Vec<Rendered>,
-    /// Value of the status annotation.
-    pub status: String,
+    /// Value of the status annotation, and its JSON.
+    pub status: Arc<Quoted>,
     /// Templates left out (with the reason), reported as warnings.
     pub notes: Vec<String>,
 }
@@ -893,7 +897,7 @@ fn status_json(
     kept: Vec<String>,
     revision: &str,
     seen: Seen,
-) -> String {
+) -> Arc<Quoted> {
     fn put(key: &mut Vec<u8>, text: &str) {
         key.extend_from_slice(&(text.len() as u64).to_le_bytes());
         key.extend_from_slice(text.as_bytes());
@@ -917,7 +921,7 @@ fn status_json(
     for names in [containers, init_containers, volumes] {
         list(&mut key, names.iter().map(String::as_str));
     }
-    let status = inj.templates.digest_with(key, |_| {
+    inj.templates.quoted_with(key, || {
         serde_json::to_string(&Status {
             templates: templates.iter().map(|t| t.name.clone()).collect(),
             hash,
@@ -926,8 +930,7 @@ fn status_json(
             context: Some(seen),
         })
         .unwrap_or_default()
-    });
-    status.to_string()
+    })
 }
 
 /// A short hash of what the templates rendered, for the status annotation.
@@ -994,6 +997,8 @@ pub enum Edit<'p> {
     SetAnnotation {
         key: &'p str,
         value: &'p str,
+        /// The value as a JSON string, when it was written once for many patches.
+        json: Option<&'p str>,
     },
 }
 
@@ -1179,15 +1184,20 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
                 && !annotations.contains_key(key.as_str())
                 && new_annotations.insert(key)
             {
-                edits.push(Edit::SetAnnotation { key, value });
+                edits.push(Edit::SetAnnotation {
+                    key,
+                    value,
+                    json: None,
+                });
             }
         }
     }
     // The status annotation is ours: it always describes the current injection.
-    if pod.annotation(status_key) != Some(plan.status.as_str()) {
+    if pod.annotation(status_key) != Some(plan.status.text.as_str()) {
         edits.push(Edit::SetAnnotation {
             key: status_key,
-            value: &plan.status,
+            value: &plan.status.text,
+            json: Some(&plan.status.json),
         });
     }
     edits
@@ -1224,7 +1234,7 @@ impl Edit<'_> {
                 format!("env {} in container #{container}", env.value.name)
             }
             Edit::SetLabel { key, value } => format!("label {key}={value}"),
-            Edit::SetAnnotation { key, value } => format!("annotation {key}={value}"),
+            Edit::SetAnnotation { key, value, .. } => format!("annotation {key}={value}"),
         }
     }
 }
@@ -1266,7 +1276,7 @@ pub fn apply(pod: &mut Pod, edits: &[Edit<'_>]) {
                     .get_or_insert_with(Default::default)
                     .insert((*key).to_owned(), (*value).to_owned());
             }
-            Edit::SetAnnotation { key, value } => {
+            Edit::SetAnnotation { key, value, .. } => {
                 pod.metadata
                     .annotations
                     .get_or_insert_with(Default::default)
@@ -1291,25 +1301,30 @@ impl PatchWriter {
         self.text(piece.json.as_bytes());
     }
 
-    fn op(&mut self, path: &[&str], value: impl FnOnce(&mut Self)) {
+    /// An `add` operation at `path`, then `key` when given. The path's tokens are field
+    /// names, indexes and `-`, written as they are; the key (a label or annotation name) is
+    /// escaped, as RFC 6901 and then JSON say.
+    fn op(&mut self, path: &[&str], key: Option<&str>, value: impl FnOnce(&mut Self)) {
         self.text(if self.out.is_empty() {
             br#"[{"op":"add","path":""#
         } else {
             br#",{"op":"add","path":""#
         });
         for token in path {
+            debug_assert!(
+                token
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-'),
+                "{token:?} needs escaping"
+            );
             self.text(b"/");
-            // Field names, indexes and `-`: nothing to escape, of either kind.
-            if token
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            {
-                self.text(token.as_bytes());
-                continue;
-            }
-            // RFC 6901: `~` is written `~0` and `/` is written `~1`; then JSON string escaping,
-            // of the parts between them (`~0` and `~1` need none).
-            for (i, run) in token.split('/').enumerate() {
+            self.text(token.as_bytes());
+        }
+        if let Some(key) = key {
+            self.text(b"/");
+            // `~` is written `~0` and `/` is written `~1`; then JSON string escaping, of the
+            // parts between them (`~0` and `~1` need none).
+            for (i, run) in key.split('/').enumerate() {
                 if i > 0 {
                     self.text(b"~1");
                 }
@@ -1317,7 +1332,7 @@ impl PatchWriter {
                     if j > 0 {
                         self.text(b"~0");
                     }
-                    self.json_str_body(part);
+                    json::write_str_body(&mut self.out, part);
                 }
             }
         }
@@ -1326,22 +1341,8 @@ impl PatchWriter {
         self.text(b"}");
     }
 
-    /// A string's JSON escaping (serde_json's), without the quotes.
-    fn json_str_body(&mut self, s: &str) {
-        if !s.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
-            self.text(s.as_bytes());
-            return;
-        }
-        // Written into the patch, then the quotes taken off.
-        let at = self.out.len();
-        self.json_str(s);
-        self.out.remove(at);
-        self.out.pop();
-    }
-
     fn json_str(&mut self, s: &str) {
-        // Writing into a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut self.out, s);
+        json::write_str(&mut self.out, s);
     }
 
     fn finish(mut self) -> Vec<u8> {
@@ -1420,10 +1421,10 @@ fn write_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
         let last = path.len() - 1;
         if exists || created.contains(&(field, container)) {
             path[last] = "-";
-            w.op(path, |w| w.piece(piece));
+            w.op(path, None, |w| w.piece(piece));
         } else {
             created.push((field, container));
-            w.op(&path[..last], |w| {
+            w.op(&path[..last], None, |w| {
                 w.text(b"[");
                 w.piece(piece);
                 w.text(b"]");
@@ -1439,10 +1440,10 @@ fn write_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
                     for (i, c) in cs.iter().enumerate() {
                         let mut buf = [0; 20];
                         let i = index_token(i, &mut buf);
-                        w.op(&["spec", "initContainers", i], |w| w.piece(c.piece));
+                        w.op(&["spec", "initContainers", i], None, |w| w.piece(c.piece));
                     }
                 } else {
-                    w.op(&["spec", "initContainers"], |w| {
+                    w.op(&["spec", "initContainers"], None, |w| {
                         w.text(b"[");
                         for (i, c) in cs.iter().enumerate() {
                             if i > 0 {
@@ -1471,16 +1472,21 @@ fn write_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
                 append(&mut w, exists, "env", Some(*i), env.piece);
             }
             Edit::SetLabel { key, value } => {
-                set_entry(&mut w, has_labels, &mut map_created.0, "labels", key, value);
-            }
-            Edit::SetAnnotation { key, value } => {
                 set_entry(
                     &mut w,
-                    has_annotations,
-                    &mut map_created.1,
+                    (has_labels, &mut map_created.0),
+                    "labels",
+                    key,
+                    (value, None),
+                );
+            }
+            Edit::SetAnnotation { key, value, json } => {
+                set_entry(
+                    &mut w,
+                    (has_annotations, &mut map_created.1),
                     "annotations",
                     key,
-                    value,
+                    (value, *json),
                 );
             }
         }
@@ -1488,26 +1494,32 @@ fn write_patch(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
     w.finish()
 }
 
+/// A label or an annotation: the map is created with it unless the pod has it or an earlier
+/// edit created it (`(exists, created)`). The value comes with its JSON when that was written
+/// once for many patches.
 fn set_entry(
     w: &mut PatchWriter,
-    exists: bool,
-    created: &mut bool,
+    (exists, created): (bool, &mut bool),
     map: &str,
     key: &str,
-    value: &str,
+    (value, json): (&str, Option<&str>),
 ) {
+    let value = |w: &mut PatchWriter| match json {
+        Some(json) => w.text(json.as_bytes()),
+        None => w.json_str(value),
+    };
     if !exists && !*created {
         *created = true;
-        w.op(&["metadata", map], |w| {
+        w.op(&["metadata", map], None, |w| {
             w.text(b"{");
             w.json_str(key);
             w.text(b":");
-            w.json_str(value);
+            value(w);
             w.text(b"}");
         });
     } else {
         // `add` on an existing member replaces it, which is what the status annotation needs.
-        w.op(&["metadata", map, key], |w| w.json_str(value));
+        w.op(&["metadata", map], Some(key), value);
     }
 }
 
@@ -1565,7 +1577,7 @@ mod tests {
         tokens.push((0u8..0x20).map(char::from).collect());
         for token in tokens {
             let mut w = PatchWriter { out: Vec::new() };
-            w.op(&[token.as_str()], |w| w.text(b"1"));
+            w.op(&[], Some(&token), |w| w.text(b"1"));
             let ours = String::from_utf8(w.out).expect("UTF-8");
             let pointer = format!("/{}", token.replace('~', "~0").replace('/', "~1"));
             let expected = format!(
@@ -1606,7 +1618,11 @@ mod tests {
                 })
                 .expect("serializes");
                 let got = status_json(&inj, &[], "h".into(), kept.clone(), "", seen.clone());
-                assert_eq!(got, expected);
+                assert_eq!(got.text, expected);
+                assert_eq!(
+                    got.json,
+                    serde_json::to_string(&expected).expect("serializes")
+                );
             }
         }
     }

@@ -509,6 +509,33 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Writes `s` as a JSON string, escaped as serde_json escapes it: a string with nothing to
+/// escape (one SIMD test for most) is copied between its quotes.
+#[inline]
+pub fn write_str(out: &mut Vec<u8>, s: &str) {
+    if plain_run(s.as_bytes(), 0) == s.len() {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
+}
+
+/// The bytes of `s` as they are written inside a JSON string (without the quotes).
+pub fn write_str_body(out: &mut Vec<u8>, s: &str) {
+    if plain_run(s.as_bytes(), 0) == s.len() {
+        out.extend_from_slice(s.as_bytes());
+    } else {
+        let at = out.len();
+        write_str(out, s);
+        out.remove(at);
+        out.pop();
+    }
+}
+
 /// The end of the whitespace that starts at `i`. Indentation comes in runs of spaces, taken
 /// eight at a time.
 #[inline(always)]
@@ -670,6 +697,35 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// `write_str` is serde_json's escaping, whichever way it takes: every byte below 0x80 at
+    /// every place in texts long enough for the SIMD test, and non-ASCII text.
+    #[test]
+    fn strings_are_written_as_serde_json_writes_them() {
+        let mut texts: Vec<String> = vec![String::new(), "é ü 🦀".into(), "\u{7f}\u{80}".into()];
+        for len in [1, 15, 16, 17, 40] {
+            for at in 0..len {
+                for b in 0u8..0x80 {
+                    let mut text = "a".repeat(len);
+                    text.replace_range(at..=at, &char::from(b).to_string());
+                    texts.push(text);
+                }
+            }
+        }
+        for text in texts {
+            let expected = serde_json::to_string(&text).expect("serializes");
+            let mut out = b"x".to_vec();
+            write_str(&mut out, &text);
+            assert_eq!(out[1..], *expected.as_bytes(), "{text:?}");
+            let mut body = b"x".to_vec();
+            write_str_body(&mut body, &text);
+            assert_eq!(
+                body[1..],
+                expected.as_bytes()[1..expected.len() - 1],
+                "{text:?}"
+            );
         }
     }
 

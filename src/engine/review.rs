@@ -669,8 +669,7 @@ pub fn finish(response: AdmissionResponse, patch_base64: Option<&[u8]>) -> Vec<u
 }
 
 fn json_str(out: &mut Vec<u8>, s: &str) {
-    // Writing into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
+    super::json::write_str(out, s);
 }
 
 /// Serializes a response review. The patch goes out base64-encoded, as the API documents

@@ -332,6 +332,26 @@ struct RenderCache {
     by_text: Table<Fragment>,
     /// Digests of lists of renderings, by the bytes they are computed from.
     digests: Table<str>,
+    /// Status annotations, with their JSON, by the bytes of what they describe.
+    statuses: Table<Quoted>,
+}
+
+/// A text and the same text as a JSON string (quoted and escaped), made together once, for
+/// values that are written into many patches.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Quoted {
+    pub text: String,
+    pub json: String,
+}
+
+impl Quoted {
+    pub fn new(text: String) -> Self {
+        let mut json = Vec::with_capacity(text.len() + 16);
+        super::json::write_str(&mut json, &text);
+        // Escaping keeps UTF-8 as it is and adds only ASCII.
+        let json = String::from_utf8(json).unwrap_or_default();
+        Self { text, json }
+    }
 }
 
 /// Bound on each table of cached renderings; a table starts over when it is full.
@@ -693,6 +713,16 @@ impl TemplateSet {
         }
         let computed: Arc<str> = digest(&input).into();
         keep(&self.cache.digests, input, computed.clone());
+        computed
+    }
+
+    /// [`Self::digest_with`] for a text that is also written as JSON.
+    pub fn quoted_with(&self, input: Vec<u8>, text: impl FnOnce() -> String) -> Arc<Quoted> {
+        if let Some(known) = cached(&self.cache.statuses, &input) {
+            return known;
+        }
+        let computed = Arc::new(Quoted::new(text()));
+        keep(&self.cache.statuses, input, computed.clone());
         computed
     }
 

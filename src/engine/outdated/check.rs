@@ -214,7 +214,7 @@ pub fn check(
         Ok(Decision::Inject(plan)) => plan,
     };
     let wanted: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
-    let hash = serde_json::from_str::<Status>(&plan.status)
+    let hash = serde_json::from_str::<Status>(&plan.status.text)
         .map(|s| s.hash)
         .unwrap_or_default();
     if status.hash == hash && status.templates == wanted {
