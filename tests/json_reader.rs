@@ -121,6 +121,43 @@ proptest! {
         }
     }
 
+    /// Whitespace between every two tokens (before commas, colons and closing brackets too,
+    /// where a pretty printer puts none): the reader reads the text and keeps the same members.
+    #[test]
+    fn whitespace_anywhere_between_tokens(value in json()) {
+        let compact = serde_json::to_string(&value).expect("serializes");
+        let ws = " \t\n\r  ";
+        let mut spaced = String::from(ws);
+        let (mut in_string, mut escaped) = (false, false);
+        for ch in compact.chars() {
+            if in_string {
+                spaced.push(ch);
+                match (escaped, ch) {
+                    (true, _) => escaped = false,
+                    (false, '\\') => escaped = true,
+                    (false, '"') => {
+                        in_string = false;
+                        spaced.push_str(ws);
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            let structural = matches!(ch, '{' | '}' | '[' | ']' | ':' | ',' | '"');
+            if structural {
+                spaced.push_str(ws);
+            }
+            spaced.push(ch);
+            if ch == '"' {
+                in_string = true;
+            } else if structural {
+                spaced.push_str(ws);
+            }
+        }
+        prop_assert!(serde_reads(&spaced));
+        prop_assert!(reads(&spaced), "refused a valid text: {spaced:?}");
+    }
+
     /// Strings, escaped as serde_json escapes them and as hostile writers do: the reader reads
     /// what serde_json reads, or refuses where serde_json refuses.
     #[test]

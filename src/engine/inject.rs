@@ -1086,7 +1086,8 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
         .map(|s| s.name())
         .collect();
 
-    let mut edits = Vec::new();
+    // A typical injection makes about a dozen edits.
+    let mut edits = Vec::with_capacity(16);
     let mut new_init = Vec::new();
     let mut appended = Vec::new();
     for t in &plan.templates {

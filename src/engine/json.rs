@@ -97,6 +97,7 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    #[inline(always)]
     fn eat(&mut self, byte: u8) -> bool {
         if self.bytes.get(self.pos) == Some(&byte) {
             self.pos += 1;
@@ -106,9 +107,19 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn expect(&mut self, byte: u8, what: &'static str) -> Result<()> {
-        self.ws();
+    /// [`Self::eat`] after any whitespace: the byte is tested first, since compact JSON (what
+    /// the API server sends) has none.
+    #[inline(always)]
+    fn eat_ws(&mut self, byte: u8) -> bool {
         if self.eat(byte) {
+            return true;
+        }
+        self.ws();
+        self.eat(byte)
+    }
+
+    fn expect(&mut self, byte: u8, what: &'static str) -> Result<()> {
+        if self.eat_ws(byte) {
             Ok(())
         } else {
             self.error(what)
@@ -305,6 +316,11 @@ impl<'a> Reader<'a> {
     }
 
     /// [`Self::skip`] for any value.
+    ///
+    /// Compact JSON (what the API server sends) has no whitespace between tokens, so each step
+    /// tests for the byte it expects first and looks for whitespace only when that test fails.
+    /// Whether the innermost container is an object is kept in a flag; the bit stack of outer
+    /// containers is read only when one closes.
     #[inline(never)]
     fn skip_any(&mut self) -> Result<()> {
         let bytes = self.bytes;
@@ -312,15 +328,23 @@ impl<'a> Reader<'a> {
         // Bit i: the container open at relative level i is an object.
         let mut objects: u128 = 0;
         let mut level: u32 = 0;
+        let mut object = false;
         macro_rules! fail {
             ($what:expr) => {{
                 self.pos = p;
                 return Err(JsonError { what: $what, at: p });
             }};
         }
-        macro_rules! ws {
+        // The byte at `p`, after any whitespace.
+        macro_rules! next {
             () => {
-                p = ws_end(bytes, p)
+                match bytes.get(p) {
+                    Some(b' ' | b'\n' | b'\r' | b'\t') => {
+                        p = ws_end(bytes, p);
+                        bytes.get(p)
+                    }
+                    other => other,
+                }
             };
         }
         macro_rules! string {
@@ -341,46 +365,35 @@ impl<'a> Reader<'a> {
         }
         macro_rules! key_colon {
             () => {{
-                ws!();
-                if bytes.get(p) != Some(&b'"') {
+                if next!() != Some(&b'"') {
                     fail!("expected a key");
                 }
                 string!();
-                ws!();
-                if bytes.get(p) != Some(&b':') {
+                if next!() != Some(&b':') {
                     fail!("expected `:`");
                 }
                 p += 1;
             }};
         }
         'value: loop {
-            ws!();
-            match bytes.get(p) {
+            match next!() {
                 Some(&open @ (b'{' | b'[')) => {
                     p += 1;
                     self.depth += 1;
                     if self.depth > DEPTH {
                         fail!("nested too deep");
                     }
-                    let object = open == b'{';
-                    if object {
-                        objects |= 1 << level;
-                    } else {
-                        objects &= !(1 << level);
-                    }
+                    object = open == b'{';
+                    objects = (objects << 1) | u128::from(object);
                     level += 1;
-                    ws!();
                     let close = if object { b'}' } else { b']' };
-                    if bytes.get(p) == Some(&close) {
-                        p += 1;
-                        level -= 1;
-                        self.depth -= 1;
-                    } else {
+                    if next!() != Some(&close) {
                         if object {
                             key_colon!();
                         }
                         continue 'value;
                     }
+                    // Empty: closed at once, below.
                 }
                 Some(b'"') => string!(),
                 Some(b'-' | b'0'..=b'9') => match number_end(bytes, p) {
@@ -396,15 +409,14 @@ impl<'a> Reader<'a> {
                 Some(_) => fail!("expected a value"),
                 None => fail!("unexpected end"),
             }
-            // After a value: the next member or element, or the end of containers.
+            // After a value (or at the end of an empty container): the next member or element,
+            // or the end of containers.
             loop {
                 if level == 0 {
                     self.pos = p;
                     return Ok(());
                 }
-                ws!();
-                let object = objects & (1 << (level - 1)) != 0;
-                match bytes.get(p) {
+                match next!() {
                     Some(b',') => {
                         p += 1;
                         if object {
@@ -420,6 +432,8 @@ impl<'a> Reader<'a> {
                 p += 1;
                 level -= 1;
                 self.depth -= 1;
+                objects >>= 1;
+                object = objects & 1 != 0;
             }
         }
     }
@@ -481,22 +495,20 @@ impl<'a> Reader<'a> {
         expected: &'static str,
         mut item: impl FnMut(&mut Self) -> Result<()>,
     ) -> Result<()> {
-        self.ws();
-        if !self.eat(open) {
+        if !self.eat_ws(open) {
             return self.error(expected);
         }
         self.enter()?;
-        self.ws();
-        if !self.eat(close) {
+        if !self.eat_ws(close) {
             loop {
                 item(self)?;
-                self.ws();
+                if self.eat_ws(b',') {
+                    continue;
+                }
                 if self.eat(close) {
                     break;
                 }
-                if !self.eat(b',') {
-                    return self.error("expected `,` or the end of a container");
-                }
+                return self.error("expected `,` or the end of a container");
             }
         }
         self.depth -= 1;

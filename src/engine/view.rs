@@ -401,6 +401,7 @@ fn once(r: &Reader<'_>, read: &mut u32, bit: u32) -> R<()> {
     Ok(())
 }
 
+#[inline(always)]
 fn string<'a>(r: &mut Reader<'a>) -> R<Str<'a>> {
     r.string().map(Str)
 }
