@@ -78,7 +78,7 @@ pub struct Answer {
 }
 
 /// Template names with their hashes.
-pub type Injected = Vec<(String, String)>;
+pub type Injected = Vec<crate::engine::template::Injection>;
 
 /// A body that is not an AdmissionReview at all, so there is no uid to answer to.
 #[derive(Debug, thiserror::Error)]
@@ -475,7 +475,7 @@ fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_js
                     names.push(',');
                 }
                 names.push_str(&t.name);
-                injected.push((t.name.clone(), inj.templates.hash(&t.name).to_owned()));
+                injected.push(inj.templates.injection(&t.name));
             }
             response.audit_annotations.insert("injected".into(), names);
             (response, Some(patch), Outcome::Injected, injected)

@@ -266,13 +266,17 @@ pub enum TemplateError {
     },
 }
 
+/// A template's name and hash ([`TemplateSet::hash`]).
+pub type Injection = (Arc<str>, Arc<str>);
+
 /// The compiled templates, keyed by name.
 pub struct TemplateSet {
     env: Environment<'static>,
     names: BTreeSet<String>,
-    /// Per template, a short hash of its source and the configuration's `values`: it changes
-    /// exactly when the configuration changes what the template can render.
-    hashes: BTreeMap<String, String>,
+    /// Per template, its name and a short hash of its source and the configuration's
+    /// `values` (it changes exactly when the configuration changes what the template can
+    /// render), shared with every answer that reports an injection.
+    hashes: BTreeMap<String, Injection>,
     values: Value,
     cache: RenderCache,
     /// The annotations each template declares it reads.
@@ -442,7 +446,7 @@ impl TemplateSet {
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect();
-            hashes.insert(name.clone(), hash);
+            hashes.insert(name.clone(), (name.as_str().into(), hash.into()));
             env.add_template_owned(file.clone(), source.clone())
                 .map_err(|e| TemplateError::Compile {
                     file: file.clone(),
@@ -651,7 +655,15 @@ impl TemplateSet {
     /// The template's hash (of its source and the configuration's values), empty for an
     /// unknown name. The metric of injections per template carries it.
     pub fn hash(&self, name: &str) -> &str {
-        self.hashes.get(name).map_or("", String::as_str)
+        self.hashes.get(name).map_or("", |(_, hash)| hash)
+    }
+
+    /// A template's name and hash, shared (for metrics labels).
+    pub fn injection(&self, name: &str) -> Injection {
+        match self.hashes.get(name) {
+            Some(injection) => injection.clone(),
+            None => (name.into(), "".into()),
+        }
     }
 
     /// Renders one template for a pod, with its checked overrides ([`Self::overrides_for`]).

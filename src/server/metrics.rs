@@ -1,5 +1,12 @@
 //! Prometheus metrics. Labels are small fixed sets: never a pod, namespace or uid. Template
 //! names and hashes come from the configuration: a handful per configuration loaded.
+//!
+//! A review's series are found once and their handles kept (a handle shares its series), so
+//! that answering a review does not hash its labels again: `prometheus-client` finds a series
+//! by hashing its label set with SipHash under a lock, a few hundred instructions a series.
+//! A series still appears in `/metrics` only once it is first counted.
+
+use std::sync::{Arc, Mutex, OnceLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -34,9 +41,43 @@ struct RejectLabel {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TemplateLabels {
-    template: String,
-    template_hash: String,
+    template: Arc<str>,
+    template_hash: Arc<str>,
 }
+
+/// Webhooks × outcomes: the handles of the review counters.
+const WEBHOOKS: usize = 2;
+const OUTCOMES: usize = 5;
+
+fn webhook_index(webhook: Webhook) -> usize {
+    match webhook {
+        Webhook::Mutate => 0,
+        Webhook::Validate => 1,
+    }
+}
+
+fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Injected => 0,
+        Outcome::Skipped => 1,
+        Outcome::Allowed => 2,
+        Outcome::Denied => 3,
+        Outcome::Error => 4,
+    }
+}
+
+/// Handles of series already counted.
+#[derive(Default)]
+struct Handles {
+    reviews: [[OnceLock<Counter>; OUTCOMES]; WEBHOOKS],
+    latency: [OnceLock<Histogram>; WEBHOOKS],
+    /// By template name and hash (foldhash, not SipHash); a new configuration adds its own.
+    injections: Mutex<foldhash::HashMap<TemplateLabels, Counter>>,
+}
+
+/// Bound on the kept injection handles: after many reloads the table starts over (the series
+/// stay in the registry either way).
+const INJECTION_HANDLES: usize = 256;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BuildLabels {
@@ -67,6 +108,7 @@ pub struct Metrics {
     rejected: Family<RejectLabel, Counter>,
     injections: Family<TemplateLabels, Counter>,
     cert_expiry: Gauge,
+    handles: Handles,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -136,21 +178,31 @@ impl Default for Metrics {
             rejected,
             injections,
             cert_expiry,
+            handles: Handles::default(),
         }
     }
 }
 
 impl Metrics {
     pub fn review(&self, webhook: Webhook, outcome: Outcome, seconds: f64) {
-        self.reviews
-            .get_or_create(&ReviewLabels {
-                webhook: webhook.as_str(),
-                outcome: outcome.as_str(),
+        let (w, o) = (webhook_index(webhook), outcome_index(outcome));
+        self.handles.reviews[w][o]
+            .get_or_init(|| {
+                self.reviews
+                    .get_or_create(&ReviewLabels {
+                        webhook: webhook.as_str(),
+                        outcome: outcome.as_str(),
+                    })
+                    .clone()
             })
             .inc();
-        self.latency
-            .get_or_create(&WebhookLabel {
-                webhook: webhook.as_str(),
+        self.handles.latency[w]
+            .get_or_init(|| {
+                self.latency
+                    .get_or_create(&WebhookLabel {
+                        webhook: webhook.as_str(),
+                    })
+                    .clone()
             })
             .observe(seconds);
     }
@@ -166,14 +218,25 @@ impl Metrics {
     }
 
     /// One pod injected with these templates (name, hash).
-    pub fn injected(&self, templates: &[(String, String)]) {
+    pub fn injected(&self, templates: &[(Arc<str>, Arc<str>)]) {
+        let Ok(mut handles) = self.handles.injections.lock() else {
+            return;
+        };
         for (template, template_hash) in templates {
-            self.injections
-                .get_or_create(&TemplateLabels {
-                    template: template.clone(),
-                    template_hash: template_hash.clone(),
-                })
-                .inc();
+            let labels = TemplateLabels {
+                template: template.clone(),
+                template_hash: template_hash.clone(),
+            };
+            if let Some(counter) = handles.get(&labels) {
+                counter.inc();
+                continue;
+            }
+            let counter = self.injections.get_or_create(&labels).clone();
+            counter.inc();
+            if handles.len() >= INJECTION_HANDLES {
+                handles.clear();
+            }
+            handles.insert(labels, counter);
         }
     }
 
@@ -191,5 +254,43 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts made through kept handles land in the registry's series: the same series each
+    /// time, a new series for a new template hash, and still after the handle table starts over.
+    #[test]
+    fn kept_handles_count_in_the_registered_series() {
+        let m = Metrics::default();
+        for _ in 0..3 {
+            m.review(Webhook::Mutate, Outcome::Injected, 0.0001);
+        }
+        m.review(Webhook::Validate, Outcome::Denied, 0.2);
+        let proxy: (Arc<str>, Arc<str>) = ("proxy".into(), "aaaa".into());
+        m.injected(std::slice::from_ref(&proxy));
+        m.injected(&[proxy.clone(), ("proxy".into(), "bbbb".into())]);
+        // Equal labels from other allocations (a reloaded configuration) find the same series.
+        m.injected(&[("proxy".into(), "aaaa".into())]);
+        for i in 0..INJECTION_HANDLES + 10 {
+            m.injected(&[("other".into(), format!("{i}").into())]);
+        }
+        m.injected(&[proxy]);
+        let text = m.encode();
+        for line in [
+            r#"sidecar_injector_reviews_total{webhook="mutate",outcome="injected"} 3"#,
+            r#"sidecar_injector_reviews_total{webhook="validate",outcome="denied"} 1"#,
+            r#"sidecar_injector_review_duration_seconds_count{webhook="mutate"} 3"#,
+            r#"sidecar_injector_review_duration_seconds_count{webhook="validate"} 1"#,
+            r#"sidecar_injector_injections_total{template="proxy",template_hash="aaaa"} 4"#,
+            r#"sidecar_injector_injections_total{template="proxy",template_hash="bbbb"} 1"#,
+            r#"sidecar_injector_injections_total{template="other",template_hash="0"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
+        assert!(!text.contains(r#"outcome="skipped""#), "{text}");
     }
 }
