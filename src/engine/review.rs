@@ -130,7 +130,7 @@ pub fn answer_for(
     body: &[u8],
 ) -> Result<Answer, ReviewError> {
     // A body that is UTF-8 is read as a string: its strings need no second check.
-    if let Ok(text) = std::str::from_utf8(body)
+    if let Ok(text) = simdutf8::basic::from_utf8(body)
         && let Ok(review) = ReviewView::parse(text)
         && VERSIONS.contains(&review.api_version.as_str())
         && let Some(req) = &review.request
