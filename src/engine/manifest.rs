@@ -308,7 +308,7 @@ fn process_one(
             if edits.is_empty() {
                 DocOutcome::AlreadyInjected { templates }
             } else {
-                patch = Some(to_patch(&view, &edits));
+                patch = Some(to_patch(&view, &edits).json);
                 DocOutcome::Injected {
                     entry: plan.entry,
                     templates,

@@ -9,7 +9,8 @@ use serde::Deserialize;
 
 use crate::engine::config::{Injector, ValidationMode};
 use crate::engine::inject::{
-    Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits, to_patch,
+    Decision, Entry, InjectError, Patch, PodFacts, Status as InjectStatus, decide, plan_edits,
+    to_patch,
 };
 use crate::engine::validate::{denial_message, findings, sidecars_changed};
 use crate::engine::view::{PodView, ReviewView};
@@ -144,8 +145,8 @@ pub fn answer_for(
             name: req.name(),
             namespace: req.namespace(),
             operation: &req.operation,
-            object: req.object.as_ref(),
-            old_object: req.old_object.as_ref(),
+            object: req.object.as_deref(),
+            old_object: req.old_object.as_deref(),
         };
         if let Ok(answer) = respond(inj, webhook, entry, &r) {
             return Ok(answer);
@@ -244,15 +245,15 @@ fn respond(
         name: pod_name(r),
         operation: operation_name(r.operation),
     };
-    let (response, patch, outcome, injected) = match webhook {
+    let (body, outcome, injected) = match webhook {
         Webhook::Mutate => mutate(inj, entry, r)?,
         Webhook::Validate => {
             let (response, outcome) = validate(inj, entry, r)?;
-            (response, None, outcome, Vec::new())
+            (finish(response, None), outcome, Vec::new())
         }
     };
     Ok(Answer {
-        body: finish(response, patch.as_deref()),
+        body,
         outcome,
         summary,
         injected,
@@ -415,24 +416,27 @@ fn inject_error(response: AdmissionResponse, error: &InjectError) -> (AdmissionR
     }
 }
 
-type Mutated = (AdmissionResponse, Option<Vec<u8>>, Outcome, Injected);
+/// The answer's bytes, the outcome, and for an injection the templates injected.
+type Mutated = (Vec<u8>, Outcome, Injected);
 
-/// The mutating answer: the response, the patch, and for an injection the templates injected
-/// with their hashes.
+/// The mutating answer: its bytes (the patch encoded into them while the plan it borrows from
+/// is at hand), and for an injection the templates injected with their hashes.
 fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_json::Error> {
     let response = base(r.api_version, r.uid);
     if *r.operation != Operation::Create || !is_pod(r) {
-        return Ok((response, None, Outcome::Allowed, Vec::new()));
+        return Ok((finish(response, None), Outcome::Allowed, Vec::new()));
     }
     let Some(pod) = r.object else {
         return Ok((
-            deny(
-                response,
-                400,
-                "BadRequest",
-                "sidecar-injector: CREATE request has no object".into(),
+            finish(
+                deny(
+                    response,
+                    400,
+                    "BadRequest",
+                    "sidecar-injector: CREATE request has no object".into(),
+                ),
+                None,
             ),
-            None,
             Outcome::Error,
             Vec::new(),
         ));
@@ -442,9 +446,9 @@ fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_js
         Err(InjectError::Unread(error)) => return Err(error),
         Err(error) => {
             let (response, outcome) = inject_error(response, &error);
-            (response, None, outcome, Vec::new())
+            (finish(response, None), outcome, Vec::new())
         }
-        Ok(Decision::NotOptedIn) => (response, None, Outcome::Allowed, Vec::new()),
+        Ok(Decision::NotOptedIn) => (finish(response, None), Outcome::Allowed, Vec::new()),
         Ok(Decision::Skip(reason)) => {
             let mut response = warn(
                 response,
@@ -453,7 +457,7 @@ fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_js
             response
                 .audit_annotations
                 .insert("skipped".into(), reason.to_string());
-            (response, None, Outcome::Skipped, Vec::new())
+            (finish(response, None), Outcome::Skipped, Vec::new())
         }
         Ok(Decision::Inject(plan)) => {
             let edits = plan_edits(inj, pod, &plan);
@@ -465,7 +469,7 @@ fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_js
                     .collect(),
             );
             if edits.is_empty() {
-                return Ok((response, None, Outcome::Allowed, Vec::new()));
+                return Ok((finish(response, None), Outcome::Allowed, Vec::new()));
             }
             let patch = to_patch(pod, &edits);
             let mut names = String::new();
@@ -478,7 +482,7 @@ fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_js
                 injected.push(inj.templates.injection(&t.name));
             }
             response.audit_annotations.insert("injected".into(), names);
-            (response, Some(patch), Outcome::Injected, injected)
+            (finish(response, Some(&patch)), Outcome::Injected, injected)
         }
     })
 }
@@ -623,11 +627,11 @@ fn problems_or_none(
 /// response (every answer with a patch) is written straight into one buffer, the patch encoded
 /// into it in one SIMD pass; any other goes through [`encode`]. Both write the same bytes for
 /// the same response (a test holds them equal).
-pub fn finish(response: AdmissionResponse, patch: Option<&[u8]>) -> Vec<u8> {
+pub fn finish(response: AdmissionResponse, patch: Option<&Patch<'_>>) -> Vec<u8> {
     if !response.allowed || response.result != Status::default() {
         return encode(response);
     }
-    let patch_len = patch.map_or(0, |p| p.len().div_ceil(3) * 4);
+    let patch_len = patch.map_or(0, |p| p.json.len().div_ceil(3) * 4);
     let mut out = Vec::with_capacity(256 + patch_len + response.uid.len());
     out.extend_from_slice(br#"{"apiVersion":"#);
     json_str(&mut out, &response.types.api_version);
@@ -661,7 +665,7 @@ pub fn finish(response: AdmissionResponse, patch: Option<&[u8]>) -> Vec<u8> {
     }
     if let Some(patch) = patch {
         out.extend_from_slice(br#","patch":""#);
-        base64_simd::STANDARD.encode_append(patch, &mut out);
+        patch.base64_into(&mut out);
         out.push(b'"');
     }
     out.extend_from_slice(b"}}");
@@ -718,7 +722,8 @@ mod tests {
                         if let Some((k, v)) = audit {
                             response.audit_annotations.insert(k.into(), v.into());
                         }
-                        let straight = finish(response.clone(), with_patch.then_some(patch));
+                        let as_patch = Patch::from(patch.to_vec());
+                        let straight = finish(response.clone(), with_patch.then_some(&as_patch));
                         let general = if with_patch {
                             let ops: json_patch::Patch =
                                 serde_json::from_slice(patch).expect("a patch");

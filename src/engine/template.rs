@@ -64,18 +64,60 @@ pub struct Encoded {
 }
 
 /// One item's JSON, encoded once when its fragment is rendered; a patch copies it.
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// A long item also keeps its base64 once a patch has needed it ([`Piece::base64`]), so that
+/// the next patch copies it instead of encoding it again.
+#[derive(Clone, Debug, Default)]
 pub struct Piece {
     pub json: String,
+    /// `(k, the base64 of json[k..k + a whole number of groups of three])`, for the offset `k`
+    /// (0, 1 or 2) the first patch asked for. Replicas of a workload get the same patch, so
+    /// the same offset.
+    base64: std::sync::OnceLock<(usize, Box<[u8]>)>,
+}
+
+impl PartialEq for Piece {
+    fn eq(&self, other: &Self) -> bool {
+        self.json == other.json
+    }
+}
+
+impl Piece {
+    /// Below this length a piece is encoded with the patch around it.
+    pub const BASE64_KEPT: usize = 256;
+
+    pub fn new(json: String) -> Self {
+        Self {
+            json,
+            base64: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The base64 of the piece's bytes from `k` (0, 1 or 2) to the end of its last whole
+    /// group of three: kept for the first `k` asked for, encoded anew for another.
+    pub fn base64(&self, k: usize) -> std::borrow::Cow<'_, [u8]> {
+        let encode = || {
+            let bytes = &self.json.as_bytes()[k.min(self.json.len())..];
+            let whole = &bytes[..bytes.len() / 3 * 3];
+            base64_simd::STANDARD
+                .encode_to_string(whole)
+                .into_bytes()
+                .into_boxed_slice()
+        };
+        let (kept, base64) = self.base64.get_or_init(|| (k, encode()));
+        if *kept == k {
+            std::borrow::Cow::Borrowed(base64)
+        } else {
+            std::borrow::Cow::Owned(encode().into_vec())
+        }
+    }
 }
 
 fn encode_each<T: Serialize>(items: &[T]) -> Vec<Piece> {
     items
         .iter()
-        .map(|item| Piece {
-            // k8s-openapi types always serialize.
-            json: serde_json::to_string(item).unwrap_or_default(),
-        })
+        // k8s-openapi types always serialize.
+        .map(|item| Piece::new(serde_json::to_string(item).unwrap_or_default()))
         .collect()
 }
 

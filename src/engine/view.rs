@@ -80,8 +80,10 @@ pub struct RequestView<'a> {
     pub name: Option<Str<'a>>,
     pub namespace: Option<Str<'a>>,
     pub operation: kube::core::admission::Operation,
-    pub object: Option<PodView<'a>>,
-    pub old_object: Option<PodView<'a>>,
+    /// Boxed, and read into its box: a pod view is about 500 bytes, which would otherwise be
+    /// copied at every level it is returned through.
+    pub object: Option<Box<PodView<'a>>>,
+    pub old_object: Option<Box<PodView<'a>>>,
 }
 
 /// `kube::core::GroupVersionKind`, borrowed.
@@ -515,8 +517,8 @@ fn request_view<'a>(r: &mut Reader<'a>) -> R<RequestView<'a>> {
         "namespace" => opt_string => namespace,
         "operation" => |r: &mut Reader<'a>| operation(r).map(Some) => operation_,
         "userInfo" => |r: &mut Reader<'a>| self::user_info(r).map(Some) => user_info,
-        "object" => |r: &mut Reader<'a>| optional(r, pod) => object,
-        "oldObject" => |r: &mut Reader<'a>| optional(r, pod) => old_object,
+        "object" => |r: &mut Reader<'a>| optional(r, boxed_pod) => object,
+        "oldObject" => |r: &mut Reader<'a>| optional(r, boxed_pod) => old_object,
         "dryRun" => Reader::bool => _,
         "options" => Reader::skip => _,
     })?;
@@ -579,7 +581,11 @@ fn exactly(r: &mut Reader<'_>, want: &str) -> R<()> {
 }
 
 fn pod<'a>(r: &mut Reader<'a>) -> R<PodView<'a>> {
-    let mut pod = PodView::default();
+    boxed_pod(r).map(|pod| *pod)
+}
+
+fn boxed_pod<'a>(r: &mut Reader<'a>) -> R<Box<PodView<'a>>> {
+    let mut pod = Box::<PodView<'a>>::default();
     members!(r, {
         "apiVersion" => |r: &mut Reader<'a>| exactly(r, "v1") => _,
         "kind" => |r: &mut Reader<'a>| exactly(r, "Pod") => _,
