@@ -1370,22 +1370,39 @@ impl<'p> PatchWriter<'p> {
         if let Some(key) = key {
             self.text(b"/");
             // `~` is written `~0` and `/` is written `~1`; then JSON string escaping, of the
-            // parts between them (`~0` and `~1` need none).
-            for (i, run) in key.split('/').enumerate() {
-                if i > 0 {
-                    self.text(b"~1");
-                }
-                for (j, part) in run.split('~').enumerate() {
-                    if j > 0 {
-                        self.text(b"~0");
+            // parts between them (`~0` and `~1` need none). A key with nothing to escape for
+            // JSON (every key a Kubernetes name allows) is written in one pass.
+            if key.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+                self.out.reserve(key.len() + 4);
+                for b in key.bytes() {
+                    match b {
+                        b'~' => self.out.extend_from_slice(b"~0"),
+                        b'/' => self.out.extend_from_slice(b"~1"),
+                        _ => self.out.push(b),
                     }
-                    json::write_str_body(&mut self.out, part);
                 }
+            } else {
+                self.escaped_key(key);
             }
         }
         self.text(br#"","value":"#);
         value(self);
         self.text(b"}");
+    }
+
+    /// A key as a pointer token, part by part (see [`Self::op`]).
+    fn escaped_key(&mut self, key: &str) {
+        for (i, run) in key.split('/').enumerate() {
+            if i > 0 {
+                self.text(b"~1");
+            }
+            for (j, part) in run.split('~').enumerate() {
+                if j > 0 {
+                    self.text(b"~0");
+                }
+                json::write_str_body(&mut self.out, part);
+            }
+        }
     }
 
     fn json_str(&mut self, s: &str) {
@@ -1422,6 +1439,10 @@ pub fn to_patch_base64(pod: &PodView<'_>, edits: &[Edit<'_>]) -> Vec<u8> {
 
 /// `i` in decimal, written into `buf`: a patch path's array index without an allocation.
 fn index_token(mut i: usize, buf: &mut [u8; 20]) -> &str {
+    const DIGITS: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    if let Some(digit) = DIGITS.get(i) {
+        return digit;
+    }
     let mut at = buf.len();
     loop {
         at -= 1;
@@ -1646,6 +1667,14 @@ mod tests {
                     "{lead} {between}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn index_tokens_are_decimal() {
+        for i in (0..=1000).chain([usize::MAX]) {
+            let mut buf = [0; 20];
+            assert_eq!(index_token(i, &mut buf), i.to_string());
         }
     }
 

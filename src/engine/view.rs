@@ -562,13 +562,18 @@ fn gvr<'a>(r: &mut Reader<'a>) -> R<()> {
     required(r, group.and(version).and(resource))
 }
 
+/// A list of strings, checked and not kept.
+fn strings(r: &mut Reader<'_>) -> R<()> {
+    r.array(|r| r.string().map(drop))
+}
+
 /// `k8s_openapi::api::authentication::v1::UserInfo`: checked, not kept.
 fn user_info<'a>(r: &mut Reader<'a>) -> R<()> {
     members!(r, {
         "username" => opt_string => _,
         "uid" => opt_string => _,
-        "groups" => |r: &mut Reader<'a>| optional(r, |r| list(r, string)) => _,
-        "extra" => |r: &mut Reader<'a>| optional(r, |r| r.object(|r, _| list(r, string).map(drop))) => _,
+        "groups" => |r: &mut Reader<'a>| optional(r, strings) => _,
+        "extra" => |r: &mut Reader<'a>| optional(r, |r| r.object(|r, _| strings(r))) => _,
     })
 }
 
@@ -731,10 +736,17 @@ fn projected_token<'a>(r: &mut Reader<'a>) -> R<bool> {
     let mut sources = None;
     optional(r, |r| {
         members!(r, {
-            "sources" => |r: &mut Reader<'a>| optional(r, |r| list(r, token)) => sources,
+            "sources" => |r: &mut Reader<'a>| optional(r, |r| {
+                let mut any = false;
+                r.array(|r| {
+                    any |= token(r)?;
+                    Ok(())
+                })?;
+                Ok(any)
+            }) => sources,
         })
     })?;
-    Ok(sources.into_iter().flatten().any(|token| token))
+    Ok(sources.unwrap_or(false))
 }
 
 /// [`projected_token`] of a `projected` member's JSON.
