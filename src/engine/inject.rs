@@ -359,14 +359,20 @@ impl<'a> PodFacts<'a> {
     /// The key of the template context (see [`Self::context`]) for the render cache of a
     /// template that reads `reads` of it, built from the request's own bytes: equal keys, equal
     /// contexts as far as the template can tell.
-    fn context_key(&self, inj: &Injector, shown: &Shown<'a>, reads: &Reads) -> Vec<u8> {
+    fn context_key(
+        &self,
+        inj: &Injector,
+        shown: &Shown<'a>,
+        reads: &Reads,
+        start: Vec<u8>,
+    ) -> Vec<u8> {
         let all = reads.all;
         let wants = |keys: &Keys, key: &str| match keys {
             Keys::All => true,
             Keys::Some(set) => set.contains(key),
             Keys::None => all,
         };
-        let mut key = Key(Vec::with_capacity(512));
+        let mut key = Key(start);
         key.0.push(b'V');
         if all || reads.name {
             key.field(1, self.context_name().as_bytes());
@@ -758,8 +764,9 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         let mut templates = Vec::with_capacity(names.len());
         let mut notes = Vec::new();
         for (name, overrides) in names.iter().zip(&overrides) {
-            let key = facts.context_key(inj, &shown, inj.templates.reads(name));
-            let fragment = inj.templates.render_with(name, &key, overrides, || {
+            let start = inj.templates.key_start(name, overrides, 512);
+            let key = facts.context_key(inj, &shown, inj.templates.reads(name), start);
+            let fragment = inj.templates.render_with(name, key, overrides, || {
                 facts.context(inj, &shown).map_err(InjectError::Unread)
             })?;
             if windows && !fragment.supports_windows {

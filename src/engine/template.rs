@@ -717,27 +717,36 @@ impl TemplateSet {
     ) -> Result<Arc<Fragment>, TemplateError> {
         // The serialized context is its own key (equal bytes, equal rendering), marked apart
         // from the keys the engine builds from a request.
-        let mut key = b"T".to_vec();
+        let mut key = self.key_start(name, overrides, 0);
+        key.push(b'T');
         key.extend(serde_json::to_vec(pod).unwrap_or_default());
-        self.render_with(name, &key, overrides, || Ok(pod.clone()))
+        self.render_with(name, key, overrides, || Ok(pod.clone()))
     }
 
-    /// Renders one template for a pod whose context `key` stands for: equal keys must mean
-    /// equal contexts. `context` builds the context, only when the rendering is not cached.
+    /// The start of a render-cache key: the template and its overrides (`values` belong to
+    /// the set, which is rebuilt when they change). The caller appends what stands for the
+    /// pod context; `room` is room for it.
+    pub fn key_start(&self, name: &str, overrides: &Overrides<'_>, room: usize) -> Vec<u8> {
+        let mut key = Vec::with_capacity(name.len() + overrides.json.len() + 2 + room);
+        key.extend_from_slice(name.as_bytes());
+        key.push(0);
+        key.extend_from_slice(&overrides.json);
+        key.push(0);
+        key
+    }
+
+    /// Renders one template for a pod whose context `full` stands for: `full` is
+    /// [`Self::key_start`] of this template and these overrides, then what stands for the pod
+    /// context (equal keys must mean equal contexts). `context` builds the context, only when
+    /// the rendering is not cached.
     pub fn render_with<'c, E: From<TemplateError>>(
         &self,
         name: &str,
-        key: &[u8],
+        full: Vec<u8>,
         overrides: &Overrides<'_>,
         context: impl FnOnce() -> Result<PodContext<'c>, E>,
     ) -> Result<Arc<Fragment>, E> {
-        // `values` belong to the set, which is rebuilt when they change.
-        let mut full = Vec::with_capacity(name.len() + overrides.json.len() + key.len() + 2);
-        full.extend_from_slice(name.as_bytes());
-        full.push(0);
-        full.extend_from_slice(&overrides.json);
-        full.push(0);
-        full.extend_from_slice(key);
+        debug_assert!(full.starts_with(&self.key_start(name, overrides, 0)));
         if let Some(fragment) = cached(&self.cache.by_context, &full) {
             return Ok(fragment);
         }
