@@ -262,21 +262,32 @@ fn magnitude(kind: Kind, value: &str) -> Result<i128, &'static str> {
     }
 }
 
-/// Checks a pod's annotations against what a template declares: the values templates see
-/// (the pod's, or the defaults).
-pub fn resolve<K, V>(
-    declared: &Declared,
-    annotations: &BTreeMap<K, V>,
-) -> Result<BTreeMap<String, serde_json::Value>, BadValue>
+/// A pod's annotations, read by name: a typed map, or the view's.
+pub trait Annotations {
+    fn annotation(&self, key: &str) -> Option<&str>;
+}
+
+impl<K, V> Annotations for BTreeMap<K, V>
 where
     K: std::borrow::Borrow<str> + Ord,
     V: AsRef<str>,
 {
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.get(key).map(AsRef::as_ref)
+    }
+}
+
+/// Checks a pod's annotations against what a template declares: the values templates see
+/// (the pod's, or the defaults).
+pub fn resolve(
+    declared: &Declared,
+    annotations: &(impl Annotations + ?Sized),
+) -> Result<BTreeMap<String, serde_json::Value>, BadValue> {
     declared
         .iter()
         .map(|(annotation, spec)| {
-            let value = match annotations.get(annotation.as_str()) {
-                Some(v) => check(annotation, spec, v.as_ref())?,
+            let value = match annotations.annotation(annotation) {
+                Some(v) => check(annotation, spec, v)?,
                 None => check(annotation, spec, &spec.default.to_string())?,
             };
             Ok((annotation.clone(), value))

@@ -660,22 +660,14 @@ impl TemplateSet {
 
     /// The overrides template `name` sees for a pod with these annotations: its values, checked,
     /// or the defaults.
-    pub fn overrides_for<K, V>(
+    pub fn overrides_for(
         &self,
         name: &str,
-        annotations: &BTreeMap<K, V>,
-    ) -> Result<Overrides<'_>, BadValue>
-    where
-        K: std::borrow::Borrow<str> + Ord,
-        V: AsRef<str>,
-    {
+        annotations: &(impl overrides::Annotations + ?Sized),
+    ) -> Result<Overrides<'_>, BadValue> {
         match self.overrides.get(name) {
             // Most pods set none of a template's override annotations: the defaults apply.
-            Some(declared)
-                if declared
-                    .keys()
-                    .any(|a| annotations.contains_key(a.as_str())) =>
-            {
+            Some(declared) if declared.keys().any(|a| annotations.annotation(a).is_some()) => {
                 overrides::resolve(declared, annotations).map(Overrides::owned)
             }
             Some(declared) => match self.defaults.get(name) {

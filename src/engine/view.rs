@@ -17,7 +17,6 @@
 //! webhook.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
@@ -54,8 +53,90 @@ impl std::borrow::Borrow<str> for Str<'_> {
     }
 }
 
-/// A string-to-string map (labels, annotations, nodeSelector).
-pub type StrMap<'a> = BTreeMap<Str<'a>, Str<'a>>;
+/// A string-to-string map (labels, annotations, nodeSelector): its entries sorted by key, each
+/// key once (a repeated key keeps the last value, as k8s-openapi's map does), so it iterates
+/// as a `BTreeMap` would. A pod has a handful, which a sorted list finds as fast as a tree
+/// without a node per map; the API server writes them sorted, so reading one is appending.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StrMap<'a>(Vec<(Str<'a>, Str<'a>)>);
+
+type Entry<'s, 'a> = (&'s Str<'a>, &'s Str<'a>);
+
+impl<'a> StrMap<'a> {
+    pub const fn new() -> Self {
+        Self(Vec::new())
+    }
+
+    /// Sets `key` to `value`, replacing an earlier value.
+    pub fn insert(&mut self, key: Str<'a>, value: Str<'a>) {
+        match self.0.last() {
+            Some((last, _)) if *last >= key => {
+                match self.0.binary_search_by(|(k, _)| k.cmp(&key)) {
+                    Ok(i) => self.0[i].1 = value,
+                    Err(i) => self.0.insert(i, (key, value)),
+                }
+            }
+            _ => self.0.push((key, value)),
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Str<'a>> {
+        self.0
+            .binary_search_by(|(k, _)| k.as_str().cmp(key))
+            .ok()
+            .map(|i| &self.0[i].1)
+    }
+
+    pub fn contains_key(&self, key: &str) -> bool {
+        self.get(key).is_some()
+    }
+
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = Entry<'_, 'a>> + ExactSizeIterator {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl<'s, 'a> IntoIterator for &'s StrMap<'a> {
+    type Item = Entry<'s, 'a>;
+    type IntoIter = std::iter::Map<
+        std::slice::Iter<'s, (Str<'a>, Str<'a>)>,
+        fn(&'s (Str<'a>, Str<'a>)) -> Entry<'s, 'a>,
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl<'a> FromIterator<(Str<'a>, Str<'a>)> for StrMap<'a> {
+    fn from_iter<I: IntoIterator<Item = (Str<'a>, Str<'a>)>>(entries: I) -> Self {
+        let mut map = Self::new();
+        for (key, value) in entries {
+            map.insert(key, value);
+        }
+        map
+    }
+}
+
+impl<'a, const N: usize> From<[(Str<'a>, Str<'a>); N]> for StrMap<'a> {
+    fn from(entries: [(Str<'a>, Str<'a>); N]) -> Self {
+        entries.into_iter().collect()
+    }
+}
+
+impl super::overrides::Annotations for StrMap<'_> {
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.get(key).map(Str::as_str)
+    }
+}
 
 fn text<'s>(s: &'s Option<Str<'_>>) -> &'s str {
     s.as_ref().map_or("", |s| s.as_str())
@@ -324,7 +405,7 @@ impl VolumeView<'_> {
     }
 }
 
-static EMPTY: StrMap<'static> = BTreeMap::new();
+static EMPTY: StrMap<'static> = StrMap::new();
 
 /// A typed pod's canonical JSON, to read it through the view (offline callers, the typed road
 /// of [`crate::engine::review`], tests).
@@ -438,7 +519,7 @@ fn list<'a, T>(r: &mut Reader<'a>, mut read: impl FnMut(&mut Reader<'a>) -> R<T>
 }
 
 fn str_map<'a>(r: &mut Reader<'a>) -> R<StrMap<'a>> {
-    let mut map = BTreeMap::new();
+    let mut map = StrMap::new();
     r.object(|r, key| {
         let value = string(r)?;
         map.insert(Str(key), value);
@@ -796,6 +877,39 @@ fn volume<'a>(r: &mut Reader<'a>) -> R<VolumeView<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The map reads as a `BTreeMap` of the same entries would: sorted, a repeated key keeping
+    /// the last value, whatever order the entries come in.
+    #[test]
+    fn a_str_map_is_a_sorted_map() {
+        let mut seed = 7u64;
+        for len in 0..40 {
+            let mut ours = StrMap::new();
+            let mut tree = std::collections::BTreeMap::new();
+            for i in 0..len {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let key = format!("k{}", (seed >> 33) % 12);
+                let value = format!("v{i}");
+                ours.insert(Str(key.clone().into()), Str(value.clone().into()));
+                tree.insert(key, value);
+            }
+            let got: Vec<(&str, &str)> =
+                ours.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let want: Vec<(&str, &str)> =
+                tree.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            assert_eq!(got, want);
+            assert_eq!(ours.len(), tree.len());
+            for k in 0..13 {
+                let key = format!("k{k}");
+                assert_eq!(
+                    ours.get(&key).map(Str::as_str),
+                    tree.get(&key).map(String::as_str)
+                );
+            }
+        }
+    }
 
     #[test]
     fn strings_are_borrowed_unless_escaped() {
