@@ -753,7 +753,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
             .templates
             .overrides_for(name, facts.annotations())
             .map_err(|source| InjectError::BadOverride {
-                template: name.clone(),
+                template: (*name).to_owned(),
                 source: Box::new(source),
             })?;
         overrides.push(values);
@@ -776,7 +776,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
                 continue;
             }
             templates.push(Rendered {
-                name: name.clone(),
+                name: (*name).to_owned(),
                 fragment,
             });
         }
@@ -821,12 +821,15 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
 }
 
 /// The template names a pod asks for: its annotation, else the configured default.
-fn selected_templates(inj: &Injector, facts: &PodFacts<'_>) -> Result<Vec<String>, InjectError> {
+fn selected_templates<'s>(
+    inj: &'s Injector,
+    facts: &PodFacts<'s>,
+) -> Result<Vec<&'s str>, InjectError> {
     let cfg = &inj.config;
     let Some(list) = facts.pod.annotation(&cfg.templates_annotation) else {
-        return Ok(cfg.default_templates.clone());
+        return Ok(cfg.default_templates.iter().map(String::as_str).collect());
     };
-    let mut names: Vec<String> = Vec::new();
+    let mut names: Vec<&str> = Vec::new();
     for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
         if !inj.templates.contains(name) {
             return Err(InjectError::UnknownTemplate {
@@ -835,8 +838,8 @@ fn selected_templates(inj: &Injector, facts: &PodFacts<'_>) -> Result<Vec<String
                 known: inj.templates.names().collect::<Vec<_>>().join(", "),
             });
         }
-        if !names.iter().any(|n| n == name) {
-            names.push(name.to_owned());
+        if !names.contains(&name) {
+            names.push(name);
         }
     }
     Ok(names)
