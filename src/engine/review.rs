@@ -354,7 +354,14 @@ fn pod_name(r: &Req<'_>) -> String {
     }
     match r.object.or(r.old_object) {
         Some(pod) if pod.meta().name.is_some() => pod.name().to_owned(),
-        Some(pod) if pod.meta().generate_name.is_some() => format!("{}*", pod.generate_name()),
+        Some(pod) if pod.meta().generate_name.is_some() => {
+            // Not `format!`: this is on every review of a Deployment's pod.
+            let generate_name = pod.generate_name();
+            let mut name = String::with_capacity(generate_name.len() + 1);
+            name.push_str(generate_name);
+            name.push('*');
+            name
+        }
         _ => String::new(),
     }
 }
