@@ -62,6 +62,7 @@ start() {
     --reload-interval 2s \
     >>"$LOG_FILE" 2>&1 </dev/null &
   echo "$!" >"$PID_FILE"
+  cp_wait_exec "$!" "$E2E_WORKDIR"
   local end=$((SECONDS + 30))
   until curl --silent --fail --noproxy '*' --max-time 2 \
     "http://127.0.0.1:$E2E_INJECTOR_ADMIN_PORT/readyz" >/dev/null 2>&1; do

@@ -18,6 +18,19 @@ cp_pid_is_ours() { # pid workdir
   [[ "$cmdline" == *"$workdir/"* ]]
 }
 
+# Waits until PID, just started in the background as `setsid program ...`, has become the
+# program: until setsid's exec its command line is the starting script's, and
+# cp_pid_is_ours would take it for a process that exited (a CI run once failed so, with an
+# empty log). Bounded: 5 s, or until the process is gone.
+cp_wait_exec() { # pid workdir
+  local i
+  for ((i = 0; i < 50; i++)); do
+    cp_pid_is_ours "$1" "$2" && return 0
+    kill -0 "$1" 2>/dev/null || return 0
+    sleep 0.1
+  done
+}
+
 # Pids of processes of one component (default: all three) whose command line
 # mentions WORKDIR: a safety net for processes whose pid file was never written.
 cp_stray_pids() { # workdir [component]

@@ -215,15 +215,7 @@ start() { # name args...
   setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
   local pid=$!
   echo "$pid" >"$WORKDIR/run/$name.pid"
-  # Until the child has become the program (setsid's exec), its command line is this
-  # script's, and check_alive would take it for a process that exited (it failed a CI run
-  # that way once, with an empty log). Bounded: 5 s, or until the child is gone.
-  local i
-  for ((i = 0; i < 50; i++)); do
-    cp_pid_is_ours "$pid" "$WORKDIR" && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-  done
+  cp_wait_exec "$pid" "$WORKDIR"
 }
 check_alive() {
   local name pidfile

@@ -175,6 +175,7 @@ start_proc() { # workdir name args...
   log "starting $name"
   setsid "$@" >>"$w/logs/$name.log" 2>&1 </dev/null &
   echo "$!" >"$w/run/$name.pid"
+  cp_wait_exec "$!" "$w"
 }
 
 wait_until() { # seconds description command...
