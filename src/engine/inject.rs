@@ -764,9 +764,9 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         let mut templates = Vec::with_capacity(names.len());
         let mut notes = Vec::new();
         for (name, overrides) in names.iter().zip(&overrides) {
-            let start = inj.templates.key_start(name, overrides, 512);
-            let key = facts.context_key(inj, &shown, inj.templates.reads(name), start);
-            let fragment = inj.templates.render_with(name, key, overrides, || {
+            let reads = inj.templates.reads(name);
+            let key = |start| facts.context_key(inj, &shown, reads, start);
+            let fragment = inj.templates.render_with(name, overrides, key, || {
                 facts.context(inj, &shown).map_err(InjectError::Unread)
             })?;
             if windows && !fragment.supports_windows {
@@ -898,8 +898,7 @@ fn kept_containers(
 
 /// The status annotation's value, serialized once per distinct status: the pods of one shape
 /// given the same renderings carry the same bytes. The key writes every part with its length,
-/// so that two statuses share a key only when they are equal; it starts with a byte no UTF-8
-/// text starts with, apart from the fragment digests' keys in the same table.
+/// so that two statuses share a key only when they are equal.
 fn status_json(
     inj: &Injector,
     templates: &[Rendered],
@@ -917,7 +916,6 @@ fn status_json(
         texts.for_each(|text| put(key, text));
     }
     let mut key = Vec::with_capacity(256);
-    key.push(0xff);
     list(&mut key, templates.iter().map(|t| t.name.as_str()));
     put(&mut key, &hash);
     list(&mut key, kept.iter().map(String::as_str));
@@ -1382,7 +1380,7 @@ impl<'p> PatchWriter<'p> {
             // `~` is written `~0` and `/` is written `~1`; then JSON string escaping, of the
             // parts between them (`~0` and `~1` need none). A key with nothing to escape for
             // JSON (every key a Kubernetes name allows) is written in one pass.
-            if key.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+            if json::is_plain(key) {
                 self.out.reserve(key.len() + 4);
                 for b in key.bytes() {
                     match b {

@@ -521,11 +521,18 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Whether `s` is written in a JSON string as it is: no quote, backslash or control
+/// character (the bytes serde_json escapes).
+#[inline]
+pub fn is_plain(s: &str) -> bool {
+    plain_run(s.as_bytes(), 0) == s.len()
+}
+
 /// Writes `s` as a JSON string, escaped as serde_json escapes it: a string with nothing to
 /// escape (one SIMD test for most) is copied between its quotes.
 #[inline]
 pub fn write_str(out: &mut Vec<u8>, s: &str) {
-    if plain_run(s.as_bytes(), 0) == s.len() {
+    if is_plain(s) {
         out.reserve(s.len() + 2);
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());
@@ -538,7 +545,7 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
 
 /// The bytes of `s` as they are written inside a JSON string (without the quotes).
 pub fn write_str_body(out: &mut Vec<u8>, s: &str) {
-    if plain_run(s.as_bytes(), 0) == s.len() {
+    if is_plain(s) {
         out.extend_from_slice(s.as_bytes());
     } else {
         let at = out.len();

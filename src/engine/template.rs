@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use sha2::{Digest as _, Sha256};
 
@@ -73,7 +73,7 @@ pub struct Piece {
     /// `(k, the base64 of json[k..k + a whole number of groups of three])`, for the offset `k`
     /// (0, 1 or 2) the first patch asked for. Replicas of a workload get the same patch, so
     /// the same offset.
-    base64: std::sync::OnceLock<(usize, Box<[u8]>)>,
+    base64: OnceLock<(usize, Box<[u8]>)>,
 }
 
 impl PartialEq for Piece {
@@ -89,13 +89,13 @@ impl Piece {
     pub fn new(json: String) -> Self {
         Self {
             json,
-            base64: std::sync::OnceLock::new(),
+            base64: OnceLock::new(),
         }
     }
 
     /// The base64 of the piece's bytes from `k` (0, 1 or 2) to the end of its last whole
     /// group of three: kept for the first `k` asked for, encoded anew for another.
-    pub fn base64(&self, k: usize) -> std::borrow::Cow<'_, [u8]> {
+    pub fn base64(&self, k: usize) -> Cow<'_, [u8]> {
         let encode = || {
             let bytes = &self.json.as_bytes()[k.min(self.json.len())..];
             let whole = &bytes[..bytes.len() / 3 * 3];
@@ -106,9 +106,9 @@ impl Piece {
         };
         let (kept, base64) = self.base64.get_or_init(|| (k, encode()));
         if *kept == k {
-            std::borrow::Cow::Borrowed(base64)
+            Cow::Borrowed(base64)
         } else {
-            std::borrow::Cow::Owned(encode().into_vec())
+            Cow::Owned(encode().into_vec())
         }
     }
 }
@@ -407,6 +407,20 @@ type Table<T> = std::sync::Mutex<foldhash::HashMap<Vec<u8>, Arc<T>>>;
 
 fn cached<T: ?Sized>(table: &Table<T>, key: &[u8]) -> Option<Arc<T>> {
     table.lock().ok()?.get(key).cloned()
+}
+
+/// `make(key)`, made once per distinct key and kept in `table`.
+fn remembered<T: ?Sized>(
+    table: &Table<T>,
+    key: Vec<u8>,
+    make: impl FnOnce(&[u8]) -> Arc<T>,
+) -> Arc<T> {
+    if let Some(known) = cached(table, &key) {
+        return known;
+    }
+    let made = make(&key);
+    keep(table, key, made.clone());
+    made
 }
 
 fn keep<T: ?Sized>(table: &Table<T>, key: Vec<u8>, value: Arc<T>) {
@@ -709,36 +723,32 @@ impl TemplateSet {
     ) -> Result<Arc<Fragment>, TemplateError> {
         // The serialized context is its own key (equal bytes, equal rendering), marked apart
         // from the keys the engine builds from a request.
-        let mut key = self.key_start(name, overrides, 0);
-        key.push(b'T');
-        key.extend(serde_json::to_vec(pod).unwrap_or_default());
-        self.render_with(name, key, overrides, || Ok(pod.clone()))
+        let key = |mut key: Vec<u8>| {
+            key.push(b'T');
+            key.extend(serde_json::to_vec(pod).unwrap_or_default());
+            key
+        };
+        self.render_with(name, overrides, key, || Ok(pod.clone()))
     }
 
-    /// The start of a render-cache key: the template and its overrides (`values` belong to
-    /// the set, which is rebuilt when they change). The caller appends what stands for the
-    /// pod context; `room` is room for it.
-    pub fn key_start(&self, name: &str, overrides: &Overrides<'_>, room: usize) -> Vec<u8> {
-        let mut key = Vec::with_capacity(name.len() + overrides.json.len() + 2 + room);
-        key.extend_from_slice(name.as_bytes());
-        key.push(0);
-        key.extend_from_slice(&overrides.json);
-        key.push(0);
-        key
-    }
-
-    /// Renders one template for a pod whose context `full` stands for: `full` is
-    /// [`Self::key_start`] of this template and these overrides, then what stands for the pod
-    /// context (equal keys must mean equal contexts). `context` builds the context, only when
-    /// the rendering is not cached.
+    /// Renders one template for a pod. The render-cache key is the template and its
+    /// overrides (`values` belong to the set, which is rebuilt when they change), to which
+    /// `key` appends what stands for the pod context: equal keys must mean equal contexts.
+    /// `context` builds the context, only when the rendering is not cached.
     pub fn render_with<'c, E: From<TemplateError>>(
         &self,
         name: &str,
-        full: Vec<u8>,
         overrides: &Overrides<'_>,
+        key: impl FnOnce(Vec<u8>) -> Vec<u8>,
         context: impl FnOnce() -> Result<PodContext<'c>, E>,
     ) -> Result<Arc<Fragment>, E> {
-        debug_assert!(full.starts_with(&self.key_start(name, overrides, 0)));
+        // Room for the pod context's part, written once into the same buffer.
+        let mut start = Vec::with_capacity(name.len() + overrides.json.len() + 2 + 512);
+        start.extend_from_slice(name.as_bytes());
+        start.push(0);
+        start.extend_from_slice(&overrides.json);
+        start.push(0);
+        let full = key(start);
         if let Some(fragment) = cached(&self.cache.by_context, &full) {
             return Ok(fragment);
         }
@@ -763,22 +773,14 @@ impl TemplateSet {
     /// `digest(input)`, computed once per distinct input (a pure function, so kept like a
     /// rendering).
     pub fn digest_with(&self, input: Vec<u8>, digest: impl FnOnce(&[u8]) -> String) -> Arc<str> {
-        if let Some(known) = cached(&self.cache.digests, &input) {
-            return known;
-        }
-        let computed: Arc<str> = digest(&input).into();
-        keep(&self.cache.digests, input, computed.clone());
-        computed
+        remembered(&self.cache.digests, input, |input| digest(input).into())
     }
 
     /// [`Self::digest_with`] for a text that is also written as JSON.
     pub fn quoted_with(&self, input: Vec<u8>, text: impl FnOnce() -> String) -> Arc<Quoted> {
-        if let Some(known) = cached(&self.cache.statuses, &input) {
-            return known;
-        }
-        let computed = Arc::new(Quoted::new(text()));
-        keep(&self.cache.statuses, input, computed.clone());
-        computed
+        remembered(&self.cache.statuses, input, |_| {
+            Arc::new(Quoted::new(text()))
+        })
     }
 
     fn render_text(

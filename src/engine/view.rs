@@ -92,7 +92,7 @@ impl<'a> StrMap<'a> {
     }
 
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = Entry<'_, 'a>> + ExactSizeIterator {
-        self.0.iter().map(|(k, v)| (k, v))
+        self.into_iter()
     }
 
     pub fn len(&self) -> usize {
