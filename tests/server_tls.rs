@@ -399,3 +399,48 @@ async fn sigterm_with_a_delay_answers_new_connections_until_it_ends() {
         "{log}"
     );
 }
+
+/// Each review's log events carry its identity: a denial is logged at info with the webhook,
+/// entry, uid, namespace, operation and outcome; an answer at debug (which the test server
+/// enables for its own crate) the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_review_is_logged_with_its_identity() {
+    let server = ServerProcess::start(&[]).await;
+    // An opted-in pod without its sidecars: the validating webhook denies it.
+    let (status, body) = post_h1(server.addr, &server.ca_pem, "/validate", review("deny-me"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let (status, _) = post_h1(server.addr, &server.ca_pem, "/mutate", review("inject-me"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    server.sigterm();
+    let (status, log) = tokio::task::spawn_blocking(move || server.wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}\n{log}");
+    let event = |message: &str| -> serde_json::Value {
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["message"] == message)
+            .unwrap_or_else(|| panic!("no {message:?} event in the log:\n{log}"))
+    };
+    let denied = event("review denied");
+    assert_eq!(denied["level"], "INFO", "{denied}");
+    let answered = event("review answered");
+    assert_eq!(answered["level"], "DEBUG", "{answered}");
+    for (event, webhook, uid, outcome) in [
+        (&denied, "validate", "deny-me", "denied"),
+        (&answered, "mutate", "inject-me", "injected"),
+    ] {
+        assert_eq!(event["webhook"], webhook, "{event}");
+        assert_eq!(event["entry"], "pod", "{event}");
+        assert_eq!(event["uid"], uid, "{event}");
+        assert_eq!(event["namespace"], "default", "{event}");
+        assert_eq!(event["operation"], "CREATE", "{event}");
+        assert_eq!(event["outcome"], outcome, "{event}");
+    }
+}

@@ -58,7 +58,7 @@ impl Outcome {
     }
 }
 
-/// The request's identity, for the log span.
+/// The request's identity, for the events a review logs.
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
     pub uid: String,

@@ -11,7 +11,6 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Full, LengthLimitError, Limited};
 use hyper::body::Body;
-use tracing::field::Empty;
 
 use crate::engine::config::Injector;
 use crate::engine::inject::Entry;
@@ -140,38 +139,42 @@ fn too_large(state: &State) -> HttpResponse {
 
 /// Answers a complete body. Runs the pure core; a panic in it (a bug) becomes a 500, never a
 /// dropped connection.
+///
+/// The review's identity goes on the events a review logs (a denial, an error; each answer at
+/// debug), not on a span: an enabled span is formatted on creation and formatted again for every
+/// field recorded later, which cost more than the whole review (about 9 µs a request with JSON
+/// logs) although nothing is logged for an allowed pod at the default level.
 fn review_body(state: &State, webhook: Webhook, entry: Entry, body: &[u8]) -> HttpResponse {
-    let span = tracing::info_span!(
-        "review",
-        webhook = webhook.as_str(),
-        entry = entry.as_str(),
-        uid = Empty,
-        namespace = Empty,
-        name = Empty,
-        operation = Empty,
-        outcome = Empty,
-    );
-    let _entered = span.enter();
     let started = Instant::now();
     let injector = state.injector.load();
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
         review::answer_for(&injector, webhook, entry, body)
     }));
     let elapsed = started.elapsed().as_secs_f64();
+    let (webhook_name, entry_name) = (webhook.as_str(), entry.as_str());
     match result {
         Ok(Ok(answer)) => {
-            let s = &answer.summary;
-            span.record("uid", s.uid.as_str())
-                .record("namespace", s.namespace.as_str())
-                .record("name", s.name.as_str())
-                .record("operation", s.operation.as_str())
-                .record("outcome", answer.outcome.as_str());
             state.metrics.review(webhook, answer.outcome, elapsed);
             state.metrics.injected(&answer.injected);
+            let s = &answer.summary;
+            macro_rules! log {
+                ($level:ident, $message:literal) => {
+                    tracing::$level!(
+                        webhook = webhook_name,
+                        entry = entry_name,
+                        uid = s.uid.as_str(),
+                        namespace = s.namespace.as_str(),
+                        name = s.name.as_str(),
+                        operation = s.operation.as_str(),
+                        outcome = answer.outcome.as_str(),
+                        $message
+                    )
+                };
+            }
             match answer.outcome {
-                Outcome::Denied => tracing::info!("review denied"),
-                Outcome::Error => tracing::warn!("review failed"),
-                _ => tracing::debug!("review answered"),
+                Outcome::Denied => log!(info, "review denied"),
+                Outcome::Error => log!(warn, "review failed"),
+                _ => log!(debug, "review answered"),
             }
             let mut response = Response::new(Full::new(Bytes::from(answer.body)));
             response.headers_mut().insert(
@@ -181,15 +184,22 @@ fn review_body(state: &State, webhook: Webhook, entry: Entry, body: &[u8]) -> Ht
             response
         }
         Ok(Err(error)) => {
-            span.record("outcome", Outcome::Error.as_str());
             state.metrics.review(webhook, Outcome::Error, elapsed);
-            tracing::warn!(%error, "unreadable review");
+            tracing::warn!(
+                webhook = webhook_name,
+                entry = entry_name,
+                %error,
+                "unreadable review"
+            );
             reject(state, StatusCode::BAD_REQUEST, error.to_string())
         }
         Err(_) => {
-            span.record("outcome", Outcome::Error.as_str());
             state.metrics.review(webhook, Outcome::Error, elapsed);
-            tracing::error!("review panicked: this is a bug");
+            tracing::error!(
+                webhook = webhook_name,
+                entry = entry_name,
+                "review panicked: this is a bug"
+            );
             reject(
                 state,
                 StatusCode::INTERNAL_SERVER_ERROR,
