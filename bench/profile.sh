@@ -51,7 +51,9 @@ serve() {
   rm -f "$ca"
   # valgrind itself in the background (not a function): $! must be its pid for the SIGINT.
   if [ "$kind" = webhook ]; then
-    RUST_LOG='' valgrind --tool=callgrind --callgrind-out-file="$file" "$bin/sidecar-injector" serve \
+    # The production default log level (info), whatever the caller's shell says: an empty
+    # RUST_LOG would mean errors only and hide what logging costs.
+    env -u RUST_LOG valgrind --tool=callgrind --callgrind-out-file="$file" "$bin/sidecar-injector" serve \
       --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" --dev-ca-file "$ca" \
       --log-format json 2>>"$out/valgrind.log" &
   else
