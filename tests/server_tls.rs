@@ -440,6 +440,8 @@ async fn a_review_is_logged_with_its_identity() {
         assert_eq!(event["entry"], "pod", "{event}");
         assert_eq!(event["uid"], uid, "{event}");
         assert_eq!(event["namespace"], "default", "{event}");
+        // A pod still to be named: its generateName and `*`.
+        assert_eq!(event["name"], "web-*", "{event}");
         assert_eq!(event["operation"], "CREATE", "{event}");
         assert_eq!(event["outcome"], outcome, "{event}");
     }

@@ -1052,7 +1052,11 @@ impl<'a> FromIterator<&'a str> for Names<'a> {
     fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
         let iter = iter.into_iter();
         let mut names = if iter.size_hint().0 < Self::FEW {
-            Names::Few(Vec::with_capacity(8))
+            // A set that starts empty allocates only if something is added.
+            match iter.size_hint().0 {
+                0 => Names::Few(Vec::new()),
+                n => Names::Few(Vec::with_capacity(n.max(8))),
+            }
         } else {
             Names::Many(HashSet::with_capacity_and_hasher(
                 iter.size_hint().0,

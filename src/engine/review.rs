@@ -58,13 +58,50 @@ impl Outcome {
     }
 }
 
-/// The request's identity, for the events a review logs.
+/// The request's identity, for the events a review logs: its uid, namespace, pod name (for a
+/// pod still to be named, its `generateName` and `*`) and operation, kept in one string (one
+/// allocation a review, where four strings were four).
 #[derive(Clone, Debug, Default)]
 pub struct Summary {
-    pub uid: String,
-    pub namespace: String,
-    pub name: String,
-    pub operation: String,
+    text: String,
+    /// Where the uid, the namespace and the name end in `text`; the operation is the rest.
+    ends: [usize; 3],
+}
+
+impl Summary {
+    fn new(uid: &str, namespace: &str, name: [&str; 2], operation: &str) -> Self {
+        let mut text = String::with_capacity(
+            uid.len() + namespace.len() + name[0].len() + name[1].len() + operation.len(),
+        );
+        text.push_str(uid);
+        let uid_end = text.len();
+        text.push_str(namespace);
+        let namespace_end = text.len();
+        text.push_str(name[0]);
+        text.push_str(name[1]);
+        let name_end = text.len();
+        text.push_str(operation);
+        Self {
+            text,
+            ends: [uid_end, namespace_end, name_end],
+        }
+    }
+
+    pub fn uid(&self) -> &str {
+        &self.text[..self.ends[0]]
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.text[self.ends[0]..self.ends[1]]
+    }
+
+    pub fn name(&self) -> &str {
+        &self.text[self.ends[1]..self.ends[2]]
+    }
+
+    pub fn operation(&self) -> &str {
+        &self.text[self.ends[2]..]
+    }
 }
 
 /// An answer ready to send.
@@ -208,10 +245,7 @@ fn unreadable(req: &AdmissionRequest<Pod>, error: &serde_json::Error) -> Answer 
     Answer {
         body: finish(response, None),
         outcome: Outcome::Error,
-        summary: Summary {
-            uid: req.uid.clone(),
-            ..Summary::default()
-        },
+        summary: Summary::new(&req.uid, "", ["", ""], ""),
         injected: Vec::new(),
     }
 }
@@ -239,12 +273,12 @@ fn respond(
     entry: Entry,
     r: &Req<'_>,
 ) -> Result<Answer, serde_json::Error> {
-    let summary = Summary {
-        uid: r.uid.to_owned(),
-        namespace: r.namespace.unwrap_or_default().to_owned(),
-        name: pod_name(r),
-        operation: operation_name(r.operation),
-    };
+    let summary = Summary::new(
+        r.uid,
+        r.namespace.unwrap_or_default(),
+        pod_name(r),
+        operation_name(r.operation),
+    );
     let (body, outcome, injected) = match webhook {
         Webhook::Mutate => mutate(inj, entry, r)?,
         Webhook::Validate => {
@@ -260,12 +294,12 @@ fn respond(
     })
 }
 
-fn operation_name(operation: &Operation) -> String {
+fn operation_name(operation: &Operation) -> &'static str {
     match operation {
-        Operation::Create => "CREATE".into(),
-        Operation::Update => "UPDATE".into(),
-        Operation::Delete => "DELETE".into(),
-        Operation::Connect => "CONNECT".into(),
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
     }
 }
 
@@ -316,11 +350,7 @@ fn refuse_unreadable(body: &[u8], error: &serde_json::Error) -> Result<Answer, R
             response.uid = env.request.uid.clone();
             response.allowed = true;
             response.result = Status::default();
-            let summary = Summary {
-                uid: env.request.uid,
-                operation: env.request.operation,
-                ..Summary::default()
-            };
+            let summary = Summary::new(&env.request.uid, "", ["", ""], &env.request.operation);
             Ok(Answer {
                 body: encode(response),
                 outcome: Outcome::Allowed,
@@ -333,10 +363,7 @@ fn refuse_unreadable(body: &[u8], error: &serde_json::Error) -> Result<Answer, R
             response.types.api_version = env.api_version;
             response.uid = env.request.uid.clone();
             response.result.code = 400;
-            let summary = Summary {
-                uid: env.request.uid,
-                ..Summary::default()
-            };
+            let summary = Summary::new(&env.request.uid, "", ["", ""], "");
             Ok(Answer {
                 body: encode(response),
                 outcome: Outcome::Error,
@@ -348,21 +375,16 @@ fn refuse_unreadable(body: &[u8], error: &serde_json::Error) -> Result<Answer, R
     }
 }
 
-fn pod_name(r: &Req<'_>) -> String {
+/// The pod's name for the log, in two parts: a pod still to be named is its `generateName`
+/// and `*`.
+fn pod_name<'a>(r: &Req<'a>) -> [&'a str; 2] {
     if !r.name.is_empty() {
-        return r.name.to_owned();
+        return [r.name, ""];
     }
     match r.object.or(r.old_object) {
-        Some(pod) if pod.meta().name.is_some() => pod.name().to_owned(),
-        Some(pod) if pod.meta().generate_name.is_some() => {
-            // Not `format!`: this is on every review of a Deployment's pod.
-            let generate_name = pod.generate_name();
-            let mut name = String::with_capacity(generate_name.len() + 1);
-            name.push_str(generate_name);
-            name.push('*');
-            name
-        }
-        _ => String::new(),
+        Some(pod) if pod.meta().name.is_some() => [pod.name(), ""],
+        Some(pod) if pod.meta().generate_name.is_some() => [pod.generate_name(), "*"],
+        _ => ["", ""],
     }
 }
 

@@ -162,10 +162,10 @@ fn review_body(state: &State, webhook: Webhook, entry: Entry, body: &[u8]) -> Ht
                     tracing::$level!(
                         webhook = webhook_name,
                         entry = entry_name,
-                        uid = s.uid.as_str(),
-                        namespace = s.namespace.as_str(),
-                        name = s.name.as_str(),
-                        operation = s.operation.as_str(),
+                        uid = s.uid(),
+                        namespace = s.namespace(),
+                        name = s.name(),
+                        operation = s.operation(),
                         outcome = answer.outcome.as_str(),
                         $message
                     )
