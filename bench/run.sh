@@ -4,7 +4,7 @@
 #      counts per review under valgrind (bench/profile.sh), about two minutes;
 #   2. bench-run: the transport ceiling, the webhook and the peer (Istio's injector, built from
 #      the Go module proxy by bench/istio/build.sh and cached outside the checkout) under the
-#      same load generator, the large pod on webhook and peer, latency at half the ceiling rate,
+#      same load generator, the large pod on webhook and peer, latency at 0.4 x the ceiling rate,
 #      peak RSS, start-up to /readyz (about three minutes).
 # Prints a table with the goals and writes target/bench/summary.json in the repository.
 # Extra arguments go to bench-run (e.g. --duration 3 --rounds 1 for a quick look).

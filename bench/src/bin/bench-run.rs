@@ -18,7 +18,7 @@ use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
 use serde_json::{Value, json};
 use sidecar_injector_bench::{
-    LOOPBACK, LoadReport, free_port, make_pki, review_body, review_with_env,
+    LOOPBACK, LoadReport, free_port, make_pki, read_latencies, review_body, review_with_env,
 };
 
 #[derive(Debug, Parser)]
@@ -32,7 +32,9 @@ struct Args {
     /// The webhook binary. Default: `sidecar-injector` next to this program.
     #[arg(long)]
     webhook: Option<PathBuf>,
-    /// Saturation runs per row; the best is kept (other work on the machine only slows runs).
+    /// Saturation runs per row, the best kept (other work on the machine only slows runs); also
+    /// the open-loop runs of webhook and ceiling at 0.4 x the ceiling's rate, taking turns and
+    /// pooled.
     #[arg(long, default_value_t = 2)]
     rounds: usize,
     /// Seconds measured per load run.
@@ -221,20 +223,36 @@ impl Bench {
         proto: Proto,
         rate: Option<f64>,
     ) -> anyhow::Result<LoadReport> {
-        self.load_body(server, proto, rate, None)
+        self.load_body(server, proto, rate, None, None)
     }
 
-    /// A load run; `body` is an AdmissionReview file to send instead of the typical review.
+    /// An open-loop run that also writes its latencies to `latencies` (for pooling).
+    fn load_keeping(
+        &mut self,
+        server: Endpoint,
+        proto: Proto,
+        rate: f64,
+        latencies: &Path,
+    ) -> anyhow::Result<LoadReport> {
+        self.load_body(server, proto, Some(rate), None, Some(latencies))
+    }
+
+    /// A load run; `body` is an AdmissionReview file to send instead of the typical review;
+    /// `latencies`, a file for the run's latencies.
     fn load_body(
         &mut self,
         server: Endpoint,
         proto: Proto,
         rate: Option<f64>,
         body: Option<&Path>,
+        latencies: Option<&Path>,
     ) -> anyhow::Result<LoadReport> {
         let mut extra = self.shape(proto);
         if let Some(body) = body {
             extra.extend(["--body".into(), body.display().to_string()]);
+        }
+        if let Some(path) = latencies {
+            extra.extend(["--latencies".into(), path.display().to_string()]);
         }
         extra.extend([
             "--duration".into(),
@@ -455,7 +473,10 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    eprintln!("latency at 0.4 x the ceiling rate, and at half the webhook's own (open loop):");
+    eprintln!(
+        "latency at 0.4 x the ceiling rate ({} rounds each, ABBA, pooled), and at half the webhook's own (open loop):",
+        bench.args.rounds
+    );
     let mut latency = Vec::new();
     for proto in [Proto::H1, Proto::H2] {
         let part = |rps: f64, share: f64| (rps * share).floor().max(1.0);
@@ -463,8 +484,26 @@ fn main() -> anyhow::Result<()> {
             part(best[0][proto as usize], LATENCY_SHARE),
             part(best[1][proto as usize], 0.5),
         );
-        let hook = bench.load(webhook_ep, proto, Some(rate))?;
-        let ceil = bench.load(ceiling_ep, proto, Some(rate))?;
+        // Webhook and ceiling take turns (ABBA), so that a machine that drifts during the
+        // runs does not favour one; each side's percentiles are over all its rounds' latencies.
+        let mut sides: [(Endpoint, Vec<LoadReport>, Vec<u64>); 2] = [
+            (webhook_ep, Vec::new(), Vec::new()),
+            (ceiling_ep, Vec::new(), Vec::new()),
+        ];
+        for round in 0..bench.args.rounds {
+            let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for side in order {
+                let (ep, reports, all) = &mut sides[side];
+                let file = tmp.join(format!("latencies-{}-{round}.bin", ep.name));
+                let report = bench.load_keeping(*ep, proto, rate, &file)?;
+                all.extend(read_latencies(&file)?);
+                std::fs::remove_file(&file)?;
+                reports.push(report);
+            }
+        }
+        let [(_, hook_runs, hook_ns), (_, ceil_runs, ceil_ns)] = sides;
+        let hook = LoadReport::pooled(&hook_runs, hook_ns)?;
+        let ceil = LoadReport::pooled(&ceil_runs, ceil_ns)?;
         let own = bench.load(webhook_ep, proto, Some(own_rate))?;
         errors += hook.errors + ceil.errors + own.errors;
         errors += hook.invalid + ceil.invalid + own.invalid;
@@ -499,7 +538,7 @@ fn main() -> anyhow::Result<()> {
             order.reverse();
         }
         for (side, ep) in order {
-            let report = bench.load_body(ep, Proto::H1, None, Some(&large_body))?;
+            let report = bench.load_body(ep, Proto::H1, None, Some(&large_body), None)?;
             errors += report.errors + report.invalid;
             if large[side].as_ref().is_none_or(|b| report.rps > b.rps) {
                 large[side] = Some(report);
@@ -765,10 +804,15 @@ fn main() -> anyhow::Result<()> {
         "| server | protocol | offered req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | not sent |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let rounds = bench.args.rounds;
+    let (hook_label, ceil_label) = (
+        format!("webhook ({rounds} runs, pooled)"),
+        format!("ceiling ({rounds} runs, pooled)"),
+    );
     for l in &latency {
         for (name, rate, r) in [
-            ("webhook", l.rate, &l.hook),
-            ("ceiling", l.rate, &l.ceil),
+            (hook_label.as_str(), l.rate, &l.hook),
+            (ceil_label.as_str(), l.rate, &l.ceil),
             ("webhook, at half its own rate", l.own_rate, &l.own),
         ] {
             println!(

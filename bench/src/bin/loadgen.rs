@@ -68,6 +68,10 @@ struct Args {
     /// Threads of the generator's runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Also write every measured latency to this file (nanoseconds, u64 little-endian, sorted),
+    /// for a caller that pools several runs.
+    #[arg(long)]
+    latencies: Option<PathBuf>,
     /// Send one request, check it is a 200 AdmissionReview that allows with a JSONPatch, and
     /// print what came back.
     #[arg(long)]
@@ -339,6 +343,10 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
     }
     let mut lat = tally.latencies_ns;
     lat.sort_unstable();
+    if let Some(path) = &args.latencies {
+        let bytes: Vec<u8> = lat.iter().flat_map(|ns| ns.to_le_bytes()).collect();
+        std::fs::write(path, bytes).with_context(|| path.display().to_string())?;
+    }
     // The open loop's window ends with its last answer: a server that falls behind answers the
     // same number of requests over a longer time.
     let seconds = match (measure_from, tally.last_done) {
