@@ -1,0 +1,103 @@
+//! The engine's time per typical review when it does not run back to back: `review::answer`
+//! (mutate) on the bench's review, timed alone, after each of these between two reviews:
+//!
+//! - `hot`: nothing (what criterion and the instruction counts see);
+//! - `sleepN`: the thread sleeps N µs, as a webhook worker parks between requests;
+//! - `spinN`: the thread stays busy N µs instead (same gap, no sleep);
+//! - `thrashN`: N MiB of other memory is written (caches evicted, no sleep).
+//!
+//! `cold-probe [--modes hot,sleep50,spin50,thrash32] [--reviews 2000]` prints the mean and the
+//! median of each. Times on a shared machine move; compare modes within one run.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use sidecar_injector::config::Injector;
+use sidecar_injector::review::{self, Webhook};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// What happens between two reviews (comma-separated).
+    #[arg(
+        long,
+        default_value = "hot,sleep20,sleep100,sleep500,spin100,spin500,thrash4,thrash32"
+    )]
+    modes: String,
+    /// Reviews timed per mode.
+    #[arg(long, default_value_t = 2000)]
+    reviews: usize,
+}
+
+enum Gap {
+    Hot,
+    Sleep(Duration),
+    Spin(Duration),
+    Thrash(usize),
+}
+
+fn gap(mode: &str) -> anyhow::Result<Gap> {
+    let number = |prefix: &str| -> anyhow::Result<u64> {
+        mode[prefix.len()..]
+            .parse()
+            .with_context(|| format!("mode {mode:?}: a number must follow {prefix:?}"))
+    };
+    Ok(match mode {
+        "hot" => Gap::Hot,
+        m if m.starts_with("sleep") => Gap::Sleep(Duration::from_micros(number("sleep")?)),
+        m if m.starts_with("spin") => Gap::Spin(Duration::from_micros(number("spin")?)),
+        m if m.starts_with("thrash") => Gap::Thrash(usize::try_from(number("thrash")?)? << 20),
+        m => bail!("unknown mode {m:?} (hot, sleepN, spinN, thrashN)"),
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let body = sidecar_injector_bench::review_body()?;
+    let injector = Injector::embedded(None)?;
+    let gaps = args
+        .modes
+        .split(',')
+        .map(|m| Ok((m, gap(m)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let largest = gaps
+        .iter()
+        .map(|(_, g)| if let Gap::Thrash(n) = g { *n } else { 0 })
+        .max()
+        .unwrap_or(0);
+    let mut other = vec![0u8; largest];
+    for (mode, gap) in &gaps {
+        let mut times = Vec::with_capacity(args.reviews);
+        for i in 0..args.reviews {
+            match gap {
+                Gap::Hot => {}
+                Gap::Sleep(d) => std::thread::sleep(*d),
+                Gap::Spin(d) => {
+                    let start = Instant::now();
+                    while start.elapsed() < *d {
+                        std::hint::spin_loop();
+                    }
+                }
+                Gap::Thrash(n) => {
+                    for byte in other[..*n].iter_mut().step_by(64) {
+                        *byte = byte.wrapping_add(i as u8);
+                    }
+                    std::hint::black_box(&other);
+                }
+            }
+            let start = Instant::now();
+            let answer = review::answer(&injector, Webhook::Mutate, std::hint::black_box(&body))?;
+            times.push(start.elapsed());
+            std::hint::black_box(answer);
+        }
+        times.sort_unstable();
+        let mean = times.iter().sum::<Duration>() / u32::try_from(times.len())?;
+        let median = times[times.len() / 2];
+        println!(
+            "{mode:10} mean {:6.1} µs  median {:6.1} µs",
+            mean.as_secs_f64() * 1e6,
+            median.as_secs_f64() * 1e6
+        );
+    }
+    Ok(())
+}
