@@ -147,6 +147,51 @@ pub struct Seen {
     pub volumes: Vec<String>,
 }
 
+/// The names a rendering saw, however they are held: lists 0, 1 and 2 are the containers, the
+/// init containers and the volumes. The status of a rendering is remembered by these names, so
+/// a review reads them from the request without copying them; they are copied into a [`Seen`]
+/// only when a status is new.
+trait SeenNames {
+    fn len(&self, list: usize) -> usize;
+    fn name(&self, list: usize, index: usize) -> &str;
+
+    fn to_seen(&self) -> Seen {
+        let list = |l| {
+            (0..self.len(l))
+                .map(|i| self.name(l, i).to_owned())
+                .collect()
+        };
+        Seen {
+            containers: list(0),
+            init_containers: list(1),
+            volumes: list(2),
+        }
+    }
+}
+
+impl Seen {
+    /// Every list, destructured: a field added to `Seen` must be added here (and to the
+    /// literal in [`SeenNames::to_seen`]), so it cannot be left out of a status's key.
+    fn lists(&self) -> [&Vec<String>; 3] {
+        let Seen {
+            containers,
+            init_containers,
+            volumes,
+        } = self;
+        [containers, init_containers, volumes]
+    }
+}
+
+impl SeenNames for Seen {
+    fn len(&self, list: usize) -> usize {
+        self.lists()[list].len()
+    }
+
+    fn name(&self, list: usize, index: usize) -> &str {
+        &self.lists()[list][index]
+    }
+}
+
 /// A request the injector cannot honour; the user sees the message.
 #[derive(Debug, thiserror::Error)]
 pub enum InjectError {
@@ -557,16 +602,20 @@ struct Shown<'a> {
     volumes: Vec<&'a VolumeView<'a>>,
 }
 
-impl Shown<'_> {
-    fn names(&self) -> Seen {
-        Seen {
-            containers: self.containers.iter().map(|c| c.name.to_string()).collect(),
-            init_containers: self
-                .init_containers
-                .iter()
-                .map(|c| c.name.to_string())
-                .collect(),
-            volumes: self.volumes.iter().map(|v| v.name.to_string()).collect(),
+impl SeenNames for Shown<'_> {
+    fn len(&self, list: usize) -> usize {
+        match list {
+            0 => self.containers.len(),
+            1 => self.init_containers.len(),
+            _ => self.volumes.len(),
+        }
+    }
+
+    fn name(&self, list: usize, index: usize) -> &str {
+        match list {
+            0 => &self.containers[index].name,
+            1 => &self.init_containers[index].name,
+            _ => &self.volumes[index].name,
         }
     }
 }
@@ -759,29 +808,30 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         overrides.push(values);
     }
     let windows = cfg.skip.windows && facts.is_windows()?;
-    let render = |only: Option<&Seen>| -> Result<(Vec<Rendered>, Vec<String>, Seen), InjectError> {
-        let shown = facts.seen(inj, only)?;
-        let mut templates = Vec::with_capacity(names.len());
-        let mut notes = Vec::new();
-        for (name, overrides) in names.iter().zip(&overrides) {
-            let reads = inj.templates.reads(name);
-            let key = |start| facts.context_key(inj, &shown, reads, start);
-            let fragment = inj.templates.render_with(name, overrides, key, || {
-                facts.context(inj, &shown).map_err(InjectError::Unread)
-            })?;
-            if windows && !fragment.supports_windows {
-                notes.push(format!(
-                    "template {name:?} was not injected: it does not support Windows pods"
-                ));
-                continue;
+    let render =
+        |only: Option<&Seen>| -> Result<(Vec<Rendered>, Vec<String>, Shown<'_>), InjectError> {
+            let shown = facts.seen(inj, only)?;
+            let mut templates = Vec::with_capacity(names.len());
+            let mut notes = Vec::new();
+            for (name, overrides) in names.iter().zip(&overrides) {
+                let reads = inj.templates.reads(name);
+                let key = |start| facts.context_key(inj, &shown, reads, start);
+                let fragment = inj.templates.render_with(name, overrides, key, || {
+                    facts.context(inj, &shown).map_err(InjectError::Unread)
+                })?;
+                if windows && !fragment.supports_windows {
+                    notes.push(format!(
+                        "template {name:?} was not injected: it does not support Windows pods"
+                    ));
+                    continue;
+                }
+                templates.push(Rendered {
+                    name: (*name).to_owned(),
+                    fragment,
+                });
             }
-            templates.push(Rendered {
-                name: (*name).to_owned(),
-                fragment,
-            });
-        }
-        Ok((templates, notes, shown.names()))
-    };
+            Ok((templates, notes, shown))
+        };
     // An earlier rendering (the mutator's, seen again by a reinvocation or the validator) is
     // repeated from what it saw, so that what was added to the pod since does not change it.
     // Its status is trusted only if that reproduces it exactly.
@@ -811,7 +861,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     }
     let hash = fragment_hash(inj, &templates);
     let kept = kept_containers(facts, previous.as_ref(), &templates, &hash, &mut notes);
-    let status = status_json(inj, &templates, hash, kept, &cfg.revision, seen);
+    let status = status_json(inj, &templates, hash, kept, &cfg.revision, &seen);
     Ok(Decision::Inject(Plan {
         entry,
         templates,
@@ -905,7 +955,7 @@ fn status_json(
     hash: String,
     kept: Vec<String>,
     revision: &str,
-    seen: Seen,
+    seen: &impl SeenNames,
 ) -> Arc<Quoted> {
     fn put(key: &mut Vec<u8>, text: &str) {
         key.extend_from_slice(&(text.len() as u64).to_le_bytes());
@@ -920,14 +970,9 @@ fn status_json(
     put(&mut key, &hash);
     list(&mut key, kept.iter().map(String::as_str));
     put(&mut key, revision);
-    // Every field, so that a new one cannot be left out of the key.
-    let Seen {
-        containers,
-        init_containers,
-        volumes,
-    } = &seen;
-    for names in [containers, init_containers, volumes] {
-        list(&mut key, names.iter().map(String::as_str));
+    // Every list of the `Seen` a status records, so that none can be left out of the key.
+    for l in 0..3 {
+        list(&mut key, (0..seen.len(l)).map(|i| seen.name(l, i)));
     }
     inj.templates.quoted_with(key, || {
         serde_json::to_string(&Status {
@@ -935,7 +980,7 @@ fn status_json(
             hash,
             kept,
             revision: revision.to_owned(),
-            context: Some(seen),
+            context: Some(seen.to_seen()),
         })
         .unwrap_or_default()
     })
@@ -1754,7 +1799,7 @@ mod tests {
                     context: Some(seen.clone()),
                 })
                 .expect("serializes");
-                let got = status_json(&inj, &[], "h".into(), kept.clone(), "", seen.clone());
+                let got = status_json(&inj, &[], "h".into(), kept.clone(), "", seen);
                 assert_eq!(got.text, expected);
                 assert_eq!(
                     got.json,
