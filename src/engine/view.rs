@@ -519,7 +519,9 @@ fn list<'a, T>(r: &mut Reader<'a>, mut read: impl FnMut(&mut Reader<'a>) -> R<T>
 }
 
 fn str_map<'a>(r: &mut Reader<'a>) -> R<StrMap<'a>> {
-    let mut map = StrMap::new();
+    // Room for a pod's usual labels at once (a Deployment's pod has four or five): growing
+    // from empty took two allocations for them.
+    let mut map = StrMap(Vec::with_capacity(8));
     r.object(|r, key| {
         let value = string(r)?;
         map.insert(Str(key), value);
