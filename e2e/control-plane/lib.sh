@@ -19,16 +19,40 @@ cp_pid_is_ours() { # pid workdir
 }
 
 # Waits until PID, just started in the background as `setsid program ...`, has become the
-# program: until setsid's exec its command line is the starting script's, and
-# cp_pid_is_ours would take it for a process that exited (a CI run once failed so, with an
-# empty log). Bounded: 5 s, or until the process is gone.
+# program. Until the first exec its command line is the starting script's, which
+# cp_pid_is_ours does not take for ours; then it is setsid's, which it does, while setsid is
+# still to exec the program, and reading /proc/PID/cmdline across that second exec can come
+# back without the workdir. Two CI runs failed so ("exited", with an empty log, a process that
+# was alive a moment later), the second after this function waited for the first exec only.
+# So it waits for the program's own name (comm neither the shell's nor setsid's). Bounded: 5 s,
+# or until the process is gone.
 cp_wait_exec() { # pid workdir
-  local i
+  local i comm
   for ((i = 0; i < 50; i++)); do
-    cp_pid_is_ours "$1" "$2" && return 0
     kill -0 "$1" 2>/dev/null || return 0
+    comm=$(cat "/proc/$1/comm" 2>/dev/null) || comm=
+    if [[ -n "$comm" && "$comm" != setsid && "$comm" != bash ]] && cp_pid_is_ours "$1" "$2"; then
+      return 0
+    fi
     sleep 0.1
   done
+}
+
+# True while PID is ours; a process that looks gone once is looked at again for a second
+# before it is taken for exited (a read of /proc/PID/cmdline can come back short while the
+# process execs). Prints what it saw last when it gives up.
+cp_alive() { # pid workdir
+  local i
+  for ((i = 0; i < 10; i++)); do
+    cp_pid_is_ours "$1" "$2" && return 0
+    kill -0 "$1" 2>/dev/null || break
+    sleep 0.1
+  done
+  cp_log "pid $1: $(if kill -0 "$1" 2>/dev/null; then
+    printf 'alive, comm %s, cmdline %.200s' "$(cat "/proc/$1/comm" 2>/dev/null)" \
+      "$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)"
+  else echo gone; fi)"
+  return 1
 }
 
 # Pids of processes of one component (default: all three) whose command line

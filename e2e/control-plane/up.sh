@@ -221,7 +221,7 @@ check_alive() {
   local name pidfile
   for name in "$@"; do
     pidfile="$WORKDIR/run/$name.pid"
-    cp_pid_is_ours "$(cat "$pidfile" 2>/dev/null || true)" "$WORKDIR" || die "$name exited (log: $LOGS/$name.log)"
+    cp_alive "$(cat "$pidfile" 2>/dev/null || true)" "$WORKDIR" || die "$name exited (log: $LOGS/$name.log)"
   done
 }
 DEADLINE=$((SECONDS + TIMEOUT))

@@ -184,7 +184,7 @@ wait_until() { # seconds description command...
   until "$@" >/dev/null 2>&1; do
     for name in containerd kubelet kube-scheduler; do
       [[ -f "$W/run/$name.pid" ]] || continue
-      cp_pid_is_ours "$(<"$W/run/$name.pid")" "$W" ||
+      cp_alive "$(<"$W/run/$name.pid")" "$W" ||
         die "$name exited; last lines of $W/logs/$name.log: $(tail -n 5 "$W/logs/$name.log")"
     done
     ((SECONDS - t0 < limit)) || die "timed out after ${limit}s waiting for $what"
