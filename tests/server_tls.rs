@@ -401,8 +401,9 @@ async fn sigterm_with_a_delay_answers_new_connections_until_it_ends() {
 }
 
 /// Each review's log events carry its identity: a denial is logged at info with the webhook,
-/// entry, uid, namespace, operation and outcome; an answer at debug (which the test server
-/// enables for its own crate) the same way.
+/// entry, uid, namespace, name, operation and outcome; an answer at debug (which the test
+/// server enables for its own crate) the same way; a body that is no review at warn with its
+/// webhook, entry and outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_review_is_logged_with_its_identity() {
     let server = ServerProcess::start(&[]).await;
@@ -417,6 +418,11 @@ async fn a_review_is_logged_with_its_identity() {
         .await
         .unwrap();
     assert_eq!(status, StatusCode::OK);
+    // Not a review at all: refused, and logged with its webhook, entry and outcome.
+    let (status, _) = post_h1(server.addr, &server.ca_pem, "/mutate", b"not json".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST);
     server.sigterm();
     let (status, log) = tokio::task::spawn_blocking(move || server.wait(Duration::from_secs(10)))
         .await
@@ -432,6 +438,17 @@ async fn a_review_is_logged_with_its_identity() {
     assert_eq!(denied["level"], "INFO", "{denied}");
     let answered = event("review answered");
     assert_eq!(answered["level"], "DEBUG", "{answered}");
+    let unreadable = event("unreadable review");
+    assert_eq!(unreadable["level"], "WARN", "{unreadable}");
+    assert_eq!(
+        (
+            &unreadable["webhook"],
+            &unreadable["entry"],
+            &unreadable["outcome"]
+        ),
+        (&"mutate".into(), &"pod".into(), &"error".into()),
+        "{unreadable}"
+    );
     for (event, webhook, uid, outcome) in [
         (&denied, "validate", "deny-me", "denied"),
         (&answered, "mutate", "inject-me", "injected"),

@@ -188,6 +188,7 @@ fn review_body(state: &State, webhook: Webhook, entry: Entry, body: &[u8]) -> Ht
             tracing::warn!(
                 webhook = webhook_name,
                 entry = entry_name,
+                outcome = Outcome::Error.as_str(),
                 %error,
                 "unreadable review"
             );
@@ -198,6 +199,7 @@ fn review_body(state: &State, webhook: Webhook, entry: Entry, body: &[u8]) -> Ht
             tracing::error!(
                 webhook = webhook_name,
                 entry = entry_name,
+                outcome = Outcome::Error.as_str(),
                 "review panicked: this is a bug"
             );
             reject(
