@@ -199,7 +199,6 @@ pub struct LoadReport {
     pub max_ms: f64,
 }
 
-/// Nearest-rank percentile of sorted nanosecond samples, in milliseconds.
 /// Latencies written by `loadgen --latencies` (nanoseconds, u64 little-endian).
 pub fn read_latencies(path: &Path) -> anyhow::Result<Vec<u64>> {
     let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
@@ -244,6 +243,7 @@ impl LoadReport {
     }
 }
 
+/// Nearest-rank percentile of sorted nanosecond samples, in milliseconds.
 pub fn percentile_ms(sorted_ns: &[u64], q: f64) -> f64 {
     if sorted_ns.is_empty() {
         return f64::NAN;
