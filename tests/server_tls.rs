@@ -463,3 +463,48 @@ async fn a_review_is_logged_with_its_identity() {
         assert_eq!(event["outcome"], outcome, "{event}");
     }
 }
+
+/// A re-check reads the watched files, and reading is no change: one write to the
+/// configuration is one re-check, not the start of a loop (notify reports every open of a file
+/// in a watched directory, and the server once took those for changes: ten re-checks a second,
+/// for ever, on the threads that answer reviews).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_is_checked_once_and_reading_the_files_is_no_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let config_text = "templatesDir: .\ndefaultTemplates: [a]\n";
+    std::fs::write(&config, config_text).unwrap();
+    std::fs::write(
+        dir.path().join("a.yaml.j2"),
+        "containers:\n  - name: first\n    image: a:1\n",
+    )
+    .unwrap();
+    let server = ServerProcess::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--reload-interval",
+        "60m",
+    ])
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The same bytes again: a change to look at (and nothing to reload).
+    std::fs::write(&config, config_text).unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.sigterm();
+    let (status, log) = tokio::task::spawn_blocking(move || server.wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}\n{log}");
+    let checks: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "re-checking the certificate and configuration files")
+        .collect();
+    assert!(!checks.is_empty(), "the write was not noticed:\n{log}");
+    // One write can arrive as two bursts of events; a loop makes a dozen in 1.5 s.
+    assert!(checks.len() <= 2, "{} re-checks after one write:\n{log}", checks.len());
+    assert!(
+        checks.iter().all(|c| c["cause"] == "change notified"),
+        "{checks:?}"
+    );
+}

@@ -60,7 +60,7 @@ pub async fn run(mut r: Reloader) {
     dirs.dedup();
     // Kept alive for the life of this task: dropping it stops the notifications.
     let _watcher = match notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok() {
+        if event.is_ok_and(|event| is_change(&event.kind)) {
             let _ = tx.try_send(());
         }
     }) {
@@ -81,16 +81,43 @@ pub async fn run(mut r: Reloader) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
-        tokio::select! {
+        let cause = tokio::select! {
             Some(()) = rx.recv() => {
                 // Let a burst of events (a symlink swap is several) settle first.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 while rx.try_recv().is_ok() {}
+                "change notified"
             }
-            _ = tick.tick() => {}
-        }
-        r.check_certificate();
-        r.check_config();
+            _ = tick.tick() => "periodic",
+        };
+        tracing::debug!(cause, "re-checking the certificate and configuration files");
+        // Reading, hashing and (on a change) building the templates is blocking work: off the
+        // threads that answer reviews.
+        r = match tokio::task::spawn_blocking(move || {
+            r.check_certificate();
+            r.check_config();
+            r
+        })
+        .await
+        {
+            Ok(r) => r,
+            Err(error) => {
+                return tracing::error!(%error, "file re-check failed; live reload stopped");
+            }
+        };
+    }
+}
+
+/// Whether a notification says something in a watched directory changed. Opening or reading a
+/// file is no change: the re-check itself opens the files, and on Linux notify reports opens,
+/// so taking them for changes re-checks the files ten times a second for ever.
+fn is_change(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    match kind {
+        // A file written and closed: the best moment to look.
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+        EventKind::Access(_) => false,
+        _ => true,
     }
 }
 
@@ -167,4 +194,36 @@ impl Reloader {
 fn error_fingerprint(error: &crate::engine::config::ConfigError) -> [u8; 32] {
     use sha2::{Digest, Sha256};
     Sha256::digest(error.to_string().as_bytes()).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use notify::event::{
+        AccessKind, AccessMode, CreateKind, EventKind, ModifyKind, RemoveKind, RenameMode,
+    };
+
+    use super::is_change;
+
+    #[test]
+    fn opening_or_reading_a_file_is_no_change_and_writing_one_is() {
+        for read in [
+            AccessKind::Open(AccessMode::Any),
+            AccessKind::Open(AccessMode::Read),
+            AccessKind::Read,
+            AccessKind::Close(AccessMode::Read),
+            AccessKind::Any,
+        ] {
+            assert!(!is_change(&EventKind::Access(read)), "{read:?}");
+        }
+        for change in [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Create(CreateKind::Any),
+            EventKind::Modify(ModifyKind::Any),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Remove(RemoveKind::File),
+            EventKind::Any,
+        ] {
+            assert!(is_change(&change), "{change:?}");
+        }
+    }
 }
