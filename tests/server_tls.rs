@@ -502,7 +502,11 @@ async fn a_change_is_checked_once_and_reading_the_files_is_no_change() {
         .collect();
     assert!(!checks.is_empty(), "the write was not noticed:\n{log}");
     // One write can arrive as two bursts of events; a loop makes a dozen in 1.5 s.
-    assert!(checks.len() <= 2, "{} re-checks after one write:\n{log}", checks.len());
+    assert!(
+        checks.len() <= 2,
+        "{} re-checks after one write:\n{log}",
+        checks.len()
+    );
     assert!(
         checks.iter().all(|c| c["cause"] == "change notified"),
         "{checks:?}"
