@@ -314,7 +314,15 @@ fn main() -> anyhow::Result<()> {
     let tmp = args.out.join("tmp");
     std::fs::create_dir_all(&tmp)?;
     let pki = make_pki()?;
-    let (ca, cert, key) = (tmp.join("ca.pem"), tmp.join("tls.crt"), tmp.join("tls.key"));
+    // A directory of their own: the webhook watches its certificate's directory, and the logs
+    // and latency files written next to them would be changes for it to look at.
+    let tls_dir = tmp.join("tls");
+    std::fs::create_dir_all(&tls_dir)?;
+    let (ca, cert, key) = (
+        tls_dir.join("ca.pem"),
+        tls_dir.join("tls.crt"),
+        tls_dir.join("tls.key"),
+    );
     std::fs::write(&ca, &pki.ca_pem)?;
     std::fs::write(&cert, &pki.cert_pem)?;
     std::fs::write(&key, &pki.key_pem)?;
