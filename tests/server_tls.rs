@@ -429,8 +429,7 @@ async fn a_review_is_logged_with_its_identity() {
         .unwrap();
     assert!(status.success(), "exit status {status:?}\n{log}");
     let event = |message: &str| -> serde_json::Value {
-        log.lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        json_events(&log)
             .find(|v| v["message"] == message)
             .unwrap_or_else(|| panic!("no {message:?} event in the log:\n{log}"))
     };
@@ -495,9 +494,7 @@ async fn a_change_is_checked_once_and_reading_the_files_is_no_change() {
         .await
         .unwrap();
     assert!(status.success(), "exit status {status:?}\n{log}");
-    let checks: Vec<serde_json::Value> = log
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    let checks: Vec<serde_json::Value> = json_events(&log)
         .filter(|v| v["message"] == "re-checking the certificate and configuration files")
         .collect();
     assert!(!checks.is_empty(), "the write was not noticed:\n{log}");
@@ -511,4 +508,10 @@ async fn a_change_is_checked_once_and_reading_the_files_is_no_change() {
         checks.iter().all(|c| c["cause"] == "change notified"),
         "{checks:?}"
     );
+}
+
+/// The server's JSON log lines, parsed (anything else in the log is passed over).
+fn json_events(log: &str) -> impl Iterator<Item = serde_json::Value> + '_ {
+    log.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
 }
