@@ -6,7 +6,11 @@
 //! previous one is read; requests per second at saturation.
 //! Open loop (`--rate R`): request i is due at `start + i/R`, whoever is free sends it, and its
 //! latency runs from when it was due, not from when it was sent, so a slow answer that holds up
-//! the next requests is charged to them too (no coordinated omission).
+//! the next requests is charged to them too (no coordinated omission). The open loop runs on one
+//! thread whose reactor also keeps the schedule (a timerfd armed for the next due request, to
+//! the nanosecond): a due request wakes the thread that sends it, with no pacing thread and no
+//! wake-up from one thread to another per request, so the generator takes as little as it can
+//! of the two cores it shares with the server it measures.
 //!
 //! Every answer is checked (`check_answer`): only a 200 that allows the request's uid with a
 //! non-empty JSONPatch counts; any other 200 is counted as `invalid`, so a server that answers
@@ -65,7 +69,7 @@ struct Args {
     /// Requests per second, sent at fixed intervals (open loop). Without it: closed loop.
     #[arg(long)]
     rate: Option<f64>,
-    /// Threads of the generator's runtime.
+    /// Threads of the generator's runtime in a closed loop (an open loop runs on one).
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// Also write every measured latency to this file (nanoseconds, u64 little-endian, sorted),
@@ -99,10 +103,16 @@ fn main() -> anyhow::Result<()> {
     if let Some(rate) = args.rate {
         ensure!(rate > 0.0 && rate <= 1e6, "--rate (0, 1e6]");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads.max(1))
-        .enable_all()
-        .build()?;
+    let runtime = if args.rate.is_some() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads.max(1))
+            .enable_all()
+            .build()?
+    };
     let target = Arc::new(Target::new(&args)?);
     let report = runtime.block_on(async {
         if args.check {
@@ -262,6 +272,85 @@ impl Pace {
     fn due(&self, slot: usize) -> Instant {
         self.start + Duration::from_nanos((slot as f64 * self.interval_ns) as u64)
     }
+
+    /// How many slots are due at `now` (slot i is due at `due(i)`), at most all of them.
+    fn slots_due(&self, now: Instant) -> usize {
+        if now < self.start {
+            return 0;
+        }
+        let elapsed = now.duration_since(self.start).as_nanos() as f64;
+        let due = (elapsed / self.interval_ns).floor() as usize + 1;
+        // The float division can round either way; `due` is the rule.
+        let mut due = due.min(self.total);
+        while due > 0 && self.due(due - 1) > now {
+            due -= 1;
+        }
+        while due < self.total && self.due(due) <= now {
+            due += 1;
+        }
+        due
+    }
+}
+
+/// A timerfd on the runtime's reactor: wakes its task at an `Instant`, to the nanosecond.
+struct Alarm {
+    fd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+    /// The same moment as an `Instant` and on CLOCK_MONOTONIC (which `Instant` reads on Linux).
+    anchor: (Instant, Duration),
+}
+
+impl Alarm {
+    fn new() -> anyhow::Result<Self> {
+        use rustix::time::{ClockId, TimerfdClockId, TimerfdFlags, clock_gettime, timerfd_create};
+        let fd = timerfd_create(
+            TimerfdClockId::Monotonic,
+            TimerfdFlags::NONBLOCK | TimerfdFlags::CLOEXEC,
+        )
+        .context("timerfd_create")?;
+        let instant = Instant::now();
+        let now = clock_gettime(ClockId::Monotonic);
+        let monotonic = Duration::new(
+            u64::try_from(now.tv_sec).context("clock before its epoch")?,
+            u32::try_from(now.tv_nsec).context("clock nanoseconds")?,
+        );
+        // `AsyncFd::new` is deprecated because a registered descriptor could be closed or
+        // replaced behind the reactor's back; this one is an `OwnedFd` the `AsyncFd` owns and
+        // nothing else can reach, and the safe constructor is the only one `forbid(unsafe_code)`
+        // allows.
+        #[allow(deprecated)]
+        let fd = tokio::io::unix::AsyncFd::new(fd)?;
+        Ok(Self {
+            fd,
+            anchor: (instant, monotonic),
+        })
+    }
+
+    /// Returns at `at` or soon after (at once if it has passed).
+    async fn wait_until(&self, at: Instant) -> std::io::Result<()> {
+        use rustix::time::{Itimerspec, TimerfdTimerFlags, Timespec, timerfd_settime};
+        let (instant, monotonic) = self.anchor;
+        // An instant before the anchor is in the past: the anchor itself fires at once too.
+        let when = monotonic + at.saturating_duration_since(instant);
+        let spec = Itimerspec {
+            it_interval: Timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: Timespec {
+                tv_sec: i64::try_from(when.as_secs()).unwrap_or(i64::MAX),
+                tv_nsec: i64::from(when.subsec_nanos()),
+            },
+        };
+        timerfd_settime(self.fd.get_ref(), TimerfdTimerFlags::ABSTIME, &spec)?;
+        loop {
+            let mut guard = self.fd.readable().await?;
+            let mut expirations = [0u8; 8];
+            match guard.try_io(|fd| Ok(rustix::io::read(fd.get_ref(), &mut expirations)?)) {
+                Ok(result) => return result.map(drop),
+                Err(_would_block) => {}
+            }
+        }
+    }
 }
 
 async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
@@ -314,16 +403,24 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
                     pace.clone(),
                 )));
             }
-            // A thread, not a tokio timer: tokio's timer wheel ticks in milliseconds, which would
-            // bunch sends together and add up to a millisecond to every measured latency.
-            std::thread::spawn(move || {
-                for slot in 0..pace.total {
-                    let due = pace.due(slot);
-                    let now = Instant::now();
-                    if due > now {
-                        std::thread::sleep(due - now);
+            // Not a tokio timer: its wheel ticks in milliseconds, which would bunch sends
+            // together and add up to a millisecond to every measured latency.
+            let alarm = Alarm::new()?;
+            tokio::spawn(async move {
+                let mut released = 0;
+                while released < pace.total {
+                    let due = pace.slots_due(Instant::now());
+                    if due > released {
+                        pace.permits.add_permits(due - released);
+                        released = due;
+                        // Let the workers send what is due before looking at the clock again.
+                        tokio::task::yield_now().await;
+                        continue;
                     }
-                    pace.permits.add_permits(1);
+                    if alarm.wait_until(pace.due(released)).await.is_err() {
+                        // No alarm: release the rest as it falls due, a millisecond at a time.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                 }
                 // Wake every worker once more so each sees that no slot is left.
                 pace.permits.add_permits(workers);
@@ -470,4 +567,44 @@ async fn reconnect(target: &Target, old: Sender) -> Sender {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pace(rate: f64, total: usize) -> Pace {
+        let start = Instant::now();
+        Pace {
+            permits: Semaphore::new(0),
+            next: AtomicUsize::new(0),
+            start,
+            interval_ns: 1e9 / rate,
+            total,
+            warmup_slots: 0,
+            give_up: start + Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn the_slots_due_are_those_whose_time_has_come() {
+        // 30,000 a second: intervals of 33,333.3 ns, which floats round both ways.
+        let pace = pace(30_000.0, 1_000);
+        assert_eq!(pace.slots_due(pace.start - Duration::from_nanos(1)), 0);
+        for ns in (0..40_000_000u64).step_by(977) {
+            let now = pace.start + Duration::from_nanos(ns);
+            let due = pace.slots_due(now);
+            assert!(due <= pace.total);
+            assert!(
+                due == 0 || pace.due(due - 1) <= now,
+                "slot {} not due at {ns}",
+                due - 1
+            );
+            assert!(
+                due == pace.total || pace.due(due) > now,
+                "slot {due} due at {ns}"
+            );
+        }
+        assert_eq!(pace.slots_due(pace.start + Duration::from_secs(1)), 1_000);
+    }
 }
