@@ -21,8 +21,9 @@ lint: ## Formatting and clippy on every package of the workspace (root, bench, e
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-test-unit: ## Unit, golden, property, CLI, server and hostile-client tests, and a 3-second fuzz pass.
+test-unit: ## Unit, golden, property, CLI, server and hostile-client tests, a 3-second fuzz pass, and the bench tools' own tests.
 	$(CARGO) test
+	$(CARGO) test -p sidecar-injector-bench
 
 FUZZ_SECONDS ?= 300
 fuzz: ## Fuzz the review parser and patch builder for FUZZ_SECONDS (default 300; FUZZ_SEED replays a run).
