@@ -273,18 +273,10 @@ impl Pace {
         self.start + Duration::from_nanos((slot as f64 * self.interval_ns) as u64)
     }
 
-    /// How many slots are due at `now` (slot i is due at `due(i)`), at most all of them.
-    fn slots_due(&self, now: Instant) -> usize {
-        if now < self.start {
-            return 0;
-        }
-        let elapsed = now.duration_since(self.start).as_nanos() as f64;
-        let due = (elapsed / self.interval_ns).floor() as usize + 1;
-        // The float division can round either way; `due` is the rule.
-        let mut due = due.min(self.total);
-        while due > 0 && self.due(due - 1) > now {
-            due -= 1;
-        }
+    /// How many slots are due at `now`, counting on from `released` (all slots before it are
+    /// known to be due): slot i is due at `due(i)`.
+    fn due_by(&self, released: usize, now: Instant) -> usize {
+        let mut due = released;
         while due < self.total && self.due(due) <= now {
             due += 1;
         }
@@ -369,6 +361,8 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
     let warmup = Duration::from_secs_f64(args.warmup);
     let duration = Duration::from_secs_f64(args.duration);
     let mut tasks = Vec::with_capacity(workers);
+    // The open loop's pacing task, which fails the run if it cannot keep the schedule.
+    let mut pacer = None;
     let measure_from = match args.rate {
         None => {
             let measure_from = Instant::now() + warmup;
@@ -406,25 +400,34 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
             // Not a tokio timer: its wheel ticks in milliseconds, which would bunch sends
             // together and add up to a millisecond to every measured latency.
             let alarm = Alarm::new()?;
-            tokio::spawn(async move {
+            let handle = tokio::spawn(async move {
                 let mut released = 0;
-                while released < pace.total {
-                    let due = pace.slots_due(Instant::now());
-                    if due > released {
-                        pace.permits.add_permits(due - released);
-                        released = due;
-                        // Let the workers send what is due before looking at the clock again.
-                        tokio::task::yield_now().await;
-                        continue;
+                let paced = async {
+                    while released < pace.total {
+                        let due = pace.due_by(released, Instant::now());
+                        if due > released {
+                            pace.permits.add_permits(due - released);
+                            released = due;
+                            // Let the workers send what is due before looking at the clock again.
+                            tokio::task::yield_now().await;
+                        } else {
+                            alarm.wait_until(pace.due(released)).await?;
+                        }
                     }
-                    if alarm.wait_until(pace.due(released)).await.is_err() {
-                        // No alarm: release the rest as it falls due, a millisecond at a time.
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
+                    Ok::<_, std::io::Error>(())
+                };
+                let result = paced.await;
+                if result.is_ok() {
+                    // Wake every worker once more so each sees that no slot is left.
+                    pace.permits.add_permits(workers);
+                } else {
+                    // Without its clock the schedule cannot be kept: the workers stop, the run
+                    // fails.
+                    pace.permits.close();
                 }
-                // Wake every worker once more so each sees that no slot is left.
-                pace.permits.add_permits(workers);
+                result
             });
+            pacer = Some(handle);
             Some(start + warmup)
         }
     };
@@ -437,6 +440,9 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
         tally.unsent += t.unsent;
         tally.latencies_ns.extend(t.latencies_ns);
         tally.last_done = tally.last_done.max(t.last_done);
+    }
+    if let Some(pacer) = pacer {
+        pacer.await?.context("the open loop's timer failed")?;
     }
     let mut lat = tally.latencies_ns;
     lat.sort_unstable();
@@ -590,11 +596,12 @@ mod tests {
     fn the_slots_due_are_those_whose_time_has_come() {
         // 30,000 a second: intervals of 33,333.3 ns, which floats round both ways.
         let pace = pace(30_000.0, 1_000);
-        assert_eq!(pace.slots_due(pace.start - Duration::from_nanos(1)), 0);
+        assert_eq!(pace.due_by(0, pace.start - Duration::from_nanos(1)), 0);
+        let mut released = 0;
         for ns in (0..40_000_000u64).step_by(977) {
             let now = pace.start + Duration::from_nanos(ns);
-            let due = pace.slots_due(now);
-            assert!(due <= pace.total);
+            let due = pace.due_by(released, now);
+            assert!(due >= released && due <= pace.total);
             assert!(
                 due == 0 || pace.due(due - 1) <= now,
                 "slot {} not due at {ns}",
@@ -604,7 +611,14 @@ mod tests {
                 due == pace.total || pace.due(due) > now,
                 "slot {due} due at {ns}"
             );
+            released = due;
         }
-        assert_eq!(pace.slots_due(pace.start + Duration::from_secs(1)), 1_000);
+        assert_eq!(released, 1_000);
+        // Slot i is due at start + i/rate: the first at once, the 31st after a millisecond.
+        assert_eq!(pace.due_by(0, pace.start), 1);
+        assert_eq!(
+            pace.due_by(0, pace.start + Duration::from_micros(1_000)),
+            31
+        );
     }
 }
