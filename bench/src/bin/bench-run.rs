@@ -32,11 +32,14 @@ struct Args {
     /// The webhook binary. Default: `sidecar-injector` next to this program.
     #[arg(long)]
     webhook: Option<PathBuf>,
-    /// Saturation runs per row, the best kept (other work on the machine only slows runs); also
-    /// the open-loop runs of webhook and ceiling at 0.4 x the ceiling's rate, taking turns and
-    /// pooled.
+    /// Saturation runs per row, the best kept (other work on the machine only slows runs).
     #[arg(long, default_value_t = 2)]
     rounds: usize,
+    /// Open-loop runs of webhook and ceiling each at 0.4 x the ceiling's rate, taking turns
+    /// (ABBA...) and pooled for the p99 goal. With two, identical servers gave p99 ratios of
+    /// 0.58-3.77 on HTTP/2 here; with four, 0.70-1.33 (`bench/p99-noise.py`, BENCHMARKS.md).
+    #[arg(long, default_value_t = 4)]
+    latency_rounds: usize,
     /// Seconds measured per load run.
     #[arg(long, default_value_t = 6.0)]
     duration: f64,
@@ -296,7 +299,7 @@ const LATENCY_SHARE: f64 = 0.4;
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ensure!(
-        args.rounds >= 1 && args.ready_starts >= 1,
+        args.rounds >= 1 && args.latency_rounds >= 1 && args.ready_starts >= 1,
         "at least one run"
     );
     let bin_dir = std::env::current_exe()?
@@ -483,7 +486,7 @@ fn main() -> anyhow::Result<()> {
 
     eprintln!(
         "latency at 0.4 x the ceiling rate ({} rounds each, ABBA, pooled), and at half the webhook's own (open loop):",
-        bench.args.rounds
+        bench.args.latency_rounds
     );
     let mut latency = Vec::new();
     for proto in [Proto::H1, Proto::H2] {
@@ -498,7 +501,7 @@ fn main() -> anyhow::Result<()> {
             (webhook_ep, Vec::new(), Vec::new()),
             (ceiling_ep, Vec::new(), Vec::new()),
         ];
-        for round in 0..bench.args.rounds {
+        for round in 0..bench.args.latency_rounds {
             let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
             for side in order {
                 let (ep, reports, all) = &mut sides[side];
@@ -812,7 +815,7 @@ fn main() -> anyhow::Result<()> {
         "| server | protocol | offered req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | not sent |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let rounds = bench.args.rounds;
+    let rounds = bench.args.latency_rounds;
     let (hook_label, ceil_label) = (
         format!("webhook ({rounds} runs, pooled)"),
         format!("ceiling ({rounds} runs, pooled)"),
@@ -966,6 +969,7 @@ fn main() -> anyhow::Result<()> {
         "settings": {
             "review_bytes": review_bytes,
             "rounds": bench.args.rounds,
+            "latency_rounds": bench.args.latency_rounds,
             "duration_s": bench.args.duration,
             "warmup_s": bench.args.warmup,
             "h1": bench.shape_label(Proto::H1),

@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""How far the p99 goal's method moves on its own: an A/A against the A/B it judges.
+
+`make bench` judges "p99 within 2x the ceiling's at 0.4 x the ceiling's rate" from ROUNDS
+open-loop runs per side, taken in turns (ABBA...) and pooled. This runs that same method TRIALS times with
+two ceilings (`aa`: the same binary on both sides, so every ratio away from 1 is the method's
+own noise) or with the webhook against a ceiling (`ab`), and prints each trial's pooled p99s and
+their ratio, one JSON line each. Loopback only; bounded: TRIALS x 2 x ROUNDS runs of 7 s.
+
+    python3 bench/p99-noise.py aa|ab HTTP RATE TRIALS [ROUNDS]      (e.g. ab 2 17000 5 4; ROUNDS: 2)
+
+Uses the release binaries of `make bench` (CARGO_TARGET_DIR or target/release).
+"""
+
+import array
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release")
+
+
+def start(kind, port, tmp):
+    ca = os.path.join(tmp, f"{kind}-{port}-ca.pem")
+    if kind == "webhook":
+        cmd = [f"{BIN}/sidecar-injector", "serve", "--listen", f"127.0.0.1:{port}",
+               "--admin-listen", f"127.0.0.1:{port + 1}", "--dev-ca-file", ca, "--log-format", "json"]
+        # Errors only, as make bench runs it.
+        env = {**os.environ, "RUST_LOG": ""}
+    else:
+        cmd = [f"{BIN}/ceiling", "--listen", f"127.0.0.1:{port}", "--dev-ca-file", ca,
+               "--exit-after", "3600"]
+        env = os.environ
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        if os.path.exists(ca) and os.path.getsize(ca) > 0:
+            break
+        if proc.poll() is not None:
+            sys.exit(f"{kind} exited at start: {proc.returncode}")
+        time.sleep(0.05)
+    else:
+        sys.exit(f"{kind} wrote no CA in 10 s")
+    time.sleep(0.2)
+    return proc, port, ca
+
+
+def run(server, http, rate, path):
+    _, port, ca = server
+    conns = ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
+    out = subprocess.run(
+        [f"{BIN}/loadgen", "--addr", f"127.0.0.1:{port}", "--ca", ca, "--http", str(http), *conns,
+         "--rate", str(rate), "--duration", "6", "--warmup", "1", "--latencies", path],
+        capture_output=True, text=True, check=True).stdout
+    report = json.loads(out.strip().splitlines()[-1])
+    latencies = array.array("Q")
+    with open(path, "rb") as f:
+        latencies.frombytes(f.read())
+    return report, latencies
+
+
+def p99_ms(samples):
+    s = sorted(samples)
+    return s[int(len(s) * 0.99)] / 1e6
+
+
+def main():
+    if len(sys.argv) not in (5, 6) or sys.argv[1] not in ("aa", "ab"):
+        sys.exit(__doc__)
+    pair, http, rate, trials = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    rounds = int(sys.argv[5]) if len(sys.argv) == 6 else 2
+    with tempfile.TemporaryDirectory() as tmp:
+        servers = []
+        try:
+            servers.append(start("webhook" if pair == "ab" else "ceiling", 19500, tmp))
+            servers.append(start("ceiling", 19510, tmp))
+            for trial in range(trials):
+                pooled = [array.array("Q"), array.array("Q")]
+                given_up = [0, 0]
+                for rnd in range(rounds):
+                    for side in ([0, 1] if rnd % 2 == 0 else [1, 0]):
+                        report, latencies = run(servers[side], http, rate, os.path.join(tmp, "l.bin"))
+                        pooled[side].extend(latencies)
+                        given_up[side] += report["unsent"] + report["errors"]
+                a, b = p99_ms(pooled[0]), p99_ms(pooled[1])
+                print(json.dumps({"pair": pair, "http": http, "rate": rate, "rounds": rounds, "trial": trial,
+                                  "p99_a_ms": round(a, 3), "p99_b_ms": round(b, 3),
+                                  "ratio": round(a / b, 2), "given_up": given_up}), flush=True)
+        finally:
+            for proc, _, _ in servers:
+                proc.terminate()
+                proc.wait()
+
+
+if __name__ == "__main__":
+    main()
