@@ -4,10 +4,12 @@
 `make bench` judges "p99 within 2x the ceiling's at 0.4 x the ceiling's rate" from ROUNDS
 open-loop runs per side, taken in turns (ABBA...) and pooled. This runs that same method TRIALS times with
 two ceilings (`aa`: the same binary on both sides, so every ratio away from 1 is the method's
-own noise) or with the webhook against a ceiling (`ab`), and prints each trial's pooled p99s and
+own noise), with the webhook against a ceiling (`ab`), or with a ceiling that also runs the
+engine on each body against a plain one (`eb`: the engine's share of the webhook's gap, without
+the webhook's shell), and prints each trial's pooled p99s and
 their ratio, one JSON line each. Loopback only; bounded: TRIALS x 2 x ROUNDS runs of 7 s.
 
-    python3 bench/p99-noise.py aa|ab HTTP RATE TRIALS [ROUNDS]      (e.g. ab 2 17000 5 4; ROUNDS: 2)
+    python3 bench/p99-noise.py aa|ab|eb HTTP RATE TRIALS [ROUNDS]      (e.g. ab 2 17000 5 4; ROUNDS: 2)
 
 Uses the release binaries of `make bench` (CARGO_TARGET_DIR or target/release).
 """
@@ -33,7 +35,7 @@ def start(kind, port, tmp):
         env = {**os.environ, "RUST_LOG": ""}
     else:
         cmd = [f"{BIN}/ceiling", "--listen", f"127.0.0.1:{port}", "--dev-ca-file", ca,
-               "--exit-after", "3600"]
+               "--exit-after", "3600"] + (["--engine"] if kind == "engine" else [])
         env = os.environ
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
     for _ in range(200):
@@ -67,15 +69,20 @@ def p99_ms(samples):
     return s[int(len(s) * 0.99)] / 1e6
 
 
+# The first side of each pair; the second is always the ceiling.
+PAIRS = {"aa": "ceiling", "ab": "webhook", "eb": "engine"}
+
+
 def main():
-    if len(sys.argv) not in (5, 6) or sys.argv[1] not in ("aa", "ab"):
+    if len(sys.argv) not in (5, 6) or sys.argv[1] not in PAIRS:
         sys.exit(__doc__)
     pair, http, rate, trials = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    first = PAIRS[pair]
     rounds = int(sys.argv[5]) if len(sys.argv) == 6 else 2
     with tempfile.TemporaryDirectory() as tmp:
         servers = []
         try:
-            servers.append(start("webhook" if pair == "ab" else "ceiling", 19500, tmp))
+            servers.append(start(first, 19500, tmp))
             servers.append(start("ceiling", 19510, tmp))
             for trial in range(trials):
                 pooled = [array.array("Q"), array.array("Q")]

@@ -43,6 +43,25 @@ for pod in typical typical-distinct typical-namespace 2x2000; do
   callgrind "$out/engine-$pod-n.out" "$bin/engine-loop" --iterations $((iterations + 1)) "${args[@]}" >/dev/null
 done
 
+# The typical review when nothing of it is cached: cold-probe writes 4 MiB between reviews,
+# which evicts callgrind's simulated 2 MiB last-level cache, and only review::answer is
+# counted (the simulation still sees everything). Its misses there are the cache lines of code
+# and data a cold review must fetch from memory: in the server, TLS, hyper, the kernel and the
+# other connections run between two reviews, so this, not the instruction count, is what a
+# review costs there (BENCHMARKS.md, "What the goals need").
+cold() {
+  valgrind --tool=callgrind --cache-sim=yes --LL=2097152,16,64 \
+    --toggle-collect='sidecar_injector::engine::review::answer' --callgrind-out-file="$out/engine-cold-$1.out" \
+    "$bin/cold-probe" --modes thrash4 --reviews "$1" >/dev/null 2>>"$out/valgrind.log"
+}
+cold 1
+cold $((iterations + 1))
+# The summary's events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw.
+event() { awk -v i="$2" '/^summary:/ {print $(i + 1); exit}' "$1"; }
+cold_per() { echo $(( ($(event "$out/engine-cold-$((iterations + 1)).out" "$1") - $(event "$out/engine-cold-1.out" "$1")) / iterations )); }
+cold_code=$(cold_per 7)
+cold_data=$(( $(cold_per 8) + $(cold_per 9) ))
+
 # A server under callgrind, REQUESTS requests (or none), then SIGINT: both exit cleanly, so
 # callgrind writes its counts.
 serve() {
@@ -95,6 +114,7 @@ ceiling=$(per "$out/ceiling-0.out" "$out/ceiling-$n.out" "$n")
 cat > "$out/instructions.json" <<JSON
 {"engine_typical": $typical, "engine_typical_distinct": $distinct,
  "engine_typical_new_namespace": $namespace, "engine_2x2000": $large,
+ "engine_typical_cold_code_lines": $cold_code, "engine_typical_cold_data_lines": $cold_data,
  "webhook_process": $webhook, "ceiling_process": $ceiling, "requests": $n, "iterations": $iterations}
 JSON
 echo "instructions per review (valgrind callgrind, Ir)"
@@ -102,6 +122,7 @@ echo "  engine, typical pod:       $typical"
 echo "  engine, typical, new ReplicaSet: $distinct"
 echo "  engine, typical, new namespace:  $namespace  (every template renders)"
 echo "  engine, 2 x 2,000 env pod: $large"
+echo "  engine, typical pod, cold: $cold_code lines of code and $cold_data of data from memory (64-byte lines missed in a 2 MiB cache)"
 echo "  webhook, whole process:    $webhook  (HTTP/1.1, 2 connections, $n requests after a first one)"
 echo "  ceiling, whole process:    $ceiling"
 echo "  (also in $out/instructions.json)"

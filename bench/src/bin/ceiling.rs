@@ -37,6 +37,12 @@ struct Args {
     /// The server exits by itself after this many seconds, even if nobody stops it.
     #[arg(long, default_value_t = 900)]
     exit_after: u64,
+    /// Also run the webhook's engine on every request body (its answer is dropped; the fixed
+    /// answer is sent): the transport plus the engine, without the webhook's shell (routing,
+    /// limits, timeouts, metrics, logs, drain). For telling the engine's share of a gap from
+    /// the shell's.
+    #[arg(long)]
+    engine: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -44,7 +50,7 @@ fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     anyhow::ensure!(args.listen.ip().is_loopback(), "listen on loopback only");
     // The answer the webhook gives for the bench's review: same bytes, same size.
-    let injector = Injector::embedded(None)?;
+    let injector = Arc::new(Injector::embedded(None)?);
     let answer = review::answer(
         &injector,
         Webhook::Mutate,
@@ -75,7 +81,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = TcpListener::bind(args.listen).await?;
         tokio::select! {
-            () = serve(listener, acceptor, answer) => {}
+            () = serve(listener, acceptor, answer, args.engine.then_some(injector)) => {}
             () = tokio::time::sleep(Duration::from_secs(args.exit_after)) => {}
             // SIGINT ends it cleanly too (a profiler writes its counts at a clean exit).
             _ = tokio::signal::ctrl_c() => {}
@@ -84,7 +90,12 @@ fn main() -> anyhow::Result<()> {
     })
 }
 
-async fn serve(listener: TcpListener, acceptor: TlsAcceptor, answer: Bytes) {
+async fn serve(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    answer: Bytes,
+    engine: Option<Arc<Injector>>,
+) {
     // The webhook's own connection settings, with its default header-read timeout.
     let builder = Arc::new(server::http_builder(Duration::from_secs(5)));
     loop {
@@ -94,6 +105,7 @@ async fn serve(listener: TcpListener, acceptor: TlsAcceptor, answer: Bytes) {
         };
         let _ = tcp.set_nodelay(true);
         let (acceptor, builder, answer) = (acceptor.clone(), builder.clone(), answer.clone());
+        let engine = engine.clone();
         tokio::spawn(async move {
             let Ok(Ok(tls)) =
                 tokio::time::timeout(Duration::from_secs(5), acceptor.accept(tcp)).await
@@ -102,10 +114,16 @@ async fn serve(listener: TcpListener, acceptor: TlsAcceptor, answer: Bytes) {
             };
             let service =
                 hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let answer = answer.clone();
+                    let (answer, engine) = (answer.clone(), engine.clone());
                     async move {
-                        // Read the whole body, as any webhook must, and ignore it.
-                        let _ = req.into_body().collect().await;
+                        // Read the whole body, as any webhook must, and ignore it (or review it
+                        // and drop the review, with --engine).
+                        let body = req.into_body().collect().await;
+                        if let (Some(injector), Ok(body)) = (&engine, body) {
+                            let review =
+                                review::answer(injector, Webhook::Mutate, &body.to_bytes());
+                            std::hint::black_box(review.ok());
+                        }
                         let mut response = Response::new(Full::new(answer));
                         response.headers_mut().insert(
                             header::CONTENT_TYPE,
