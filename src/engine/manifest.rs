@@ -308,7 +308,7 @@ fn process_one(
             if edits.is_empty() {
                 DocOutcome::AlreadyInjected { templates }
             } else {
-                patch = Some(to_patch(&view, &edits).json);
+                patch = Some(to_patch(&view, &edits).json().into_owned());
                 DocOutcome::Injected {
                     entry: plan.entry,
                     templates,

@@ -698,7 +698,7 @@ struct Allowed<'a> {
 
 /// An allowed response review, the patch encoded into the same buffer in one SIMD pass.
 fn write_allowed(a: &Allowed<'_>, patch: Option<&Patch<'_>>) -> Vec<u8> {
-    let patch_len = patch.map_or(0, |p| p.json.len().div_ceil(3) * 4);
+    let patch_len = patch.map_or(0, |p| p.len().div_ceil(3) * 4);
     let mut out = Vec::with_capacity(256 + patch_len + a.uid.len());
     out.extend_from_slice(br#"{"apiVersion":"#);
     json_str(&mut out, a.api_version);
