@@ -620,12 +620,7 @@ fn request_view<'a>(r: &mut Reader<'a>) -> R<RequestView<'a>> {
 }
 
 fn gvk<'a>(r: &mut Reader<'a>) -> R<Gvk<'a>> {
-    let (mut group, mut version, mut kind) = (None, None, None);
-    members!(r, {
-        "group" => |r: &mut Reader<'a>| string(r).map(Some) => group,
-        "version" => |r: &mut Reader<'a>| string(r).map(Some) => version,
-        "kind" => |r: &mut Reader<'a>| string(r).map(Some) => kind,
-    })?;
+    let [group, version, kind, _] = string_members(r, &["group", "version", "kind"])?;
     Ok(Gvk {
         group: required(r, group)?,
         version: required(r, version)?,
@@ -634,15 +629,32 @@ fn gvk<'a>(r: &mut Reader<'a>) -> R<Gvk<'a>> {
 }
 
 /// `kube::core::GroupVersionResource`: checked, not kept.
-fn gvr<'a>(r: &mut Reader<'a>) -> R<()> {
-    let (mut group, mut version, mut resource) = (None, None, None);
-    members!(r, {
-        "group" => |r: &mut Reader<'a>| string(r).map(drop).map(Some) => group,
-        "version" => |r: &mut Reader<'a>| string(r).map(drop).map(Some) => version,
-        "resource" => |r: &mut Reader<'a>| string(r).map(drop).map(Some) => resource,
-        "api_version" => string => _,
+fn gvr(r: &mut Reader<'_>) -> R<()> {
+    let [group, version, resource, _] =
+        string_members(r, &["group", "version", "resource", "api_version"])?;
+    required(r, group.and(version).and(resource)).map(drop)
+}
+
+/// An object whose members named in `keys` (four at most) are strings, each given once; any
+/// other member is stepped over. One loop for the four group/version/kind-or-resource objects
+/// of a review, not inlined: a reader generated for each by [`members!`] was 87 lines of code
+/// that a cold review fetched from memory (BENCHMARKS.md, "What the goals need").
+#[inline(never)]
+fn string_members<'a>(r: &mut Reader<'a>, keys: &[&str]) -> R<[Option<Str<'a>>; 4]> {
+    debug_assert!(keys.len() <= 4);
+    let mut found = [None, None, None, None];
+    let mut read = 0u32;
+    r.object(|r, key| {
+        for (i, want) in keys.iter().enumerate() {
+            if &*key == *want {
+                once(r, &mut read, 1 << i)?;
+                found[i] = Some(string(r)?);
+                return Ok(());
+            }
+        }
+        r.skip()
     })?;
-    required(r, group.and(version).and(resource))
+    Ok(found)
 }
 
 /// A list of strings, checked and not kept.
@@ -879,6 +891,72 @@ fn volume<'a>(r: &mut Reader<'a>) -> R<VolumeView<'a>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The review's kind and resource objects are read as the typed review reads them: the view
+    /// accepts exactly the envelopes `AdmissionReview<Pod>` accepts (a repeated, missing or
+    /// non-string member refused; an unknown one stepped over).
+    #[test]
+    fn kinds_and_resources_are_read_as_the_typed_review_reads_them() {
+        let kind = r#"{"group":"","version":"v1","kind":"Pod"}"#;
+        let resource = r#"{"group":"","version":"v1","resource":"pods"}"#;
+        let review = |kind: &str, resource: &str| {
+            format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{{"uid":"u","kind":{kind},"resource":{resource},"requestKind":{kind},"requestResource":{resource},"operation":"CREATE","userInfo":{{}}}}}}"#
+            )
+        };
+        let cases = [
+            (kind.to_owned(), resource.to_owned()),
+            (
+                r#"{"group":"","group":"","version":"v1","kind":"Pod"}"#.into(),
+                resource.into(),
+            ),
+            (r#"{"group":"","version":"v1"}"#.into(), resource.into()),
+            (
+                r#"{"group":"","version":1,"kind":"Pod"}"#.into(),
+                resource.into(),
+            ),
+            (
+                r#"{"group":"","version":"v1","kind":"Pod","x":[1,{"y":2}]}"#.into(),
+                resource.into(),
+            ),
+            (
+                kind.into(),
+                r#"{"group":"","version":"v1","resource":"pods","resource":"x"}"#.into(),
+            ),
+            (kind.into(), r#"{"group":"","version":"v1"}"#.into()),
+            (
+                kind.into(),
+                r#"{"group":"","version":"v1","resource":null}"#.into(),
+            ),
+            (
+                kind.into(),
+                r#"{"group":"","version":"v1","resource":"pods","api_version":"v"}"#.into(),
+            ),
+            (
+                kind.into(),
+                r#"{"group":"","version":"v1","resource":"pods","api_version":7}"#.into(),
+            ),
+        ];
+        for (kind, resource) in cases {
+            let body = review(&kind, &resource);
+            let typed = serde_json::from_str::<
+                kube::core::admission::AdmissionReview<k8s_openapi::api::core::v1::Pod>,
+            >(&body);
+            let ours = ReviewView::parse(&body);
+            assert_eq!(ours.is_ok(), typed.is_ok(), "{body}: {ours:?} / {typed:?}");
+            if let Ok(view) = ours {
+                let request = view.request.expect("a request");
+                assert_eq!(
+                    (
+                        request.kind.group.as_str(),
+                        request.kind.version.as_str(),
+                        request.kind.kind.as_str()
+                    ),
+                    ("", "v1", "Pod")
+                );
+            }
+        }
+    }
 
     /// The map reads as a `BTreeMap` of the same entries would: sorted, a repeated key keeping
     /// the last value, whatever order the entries come in.
