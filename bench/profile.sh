@@ -44,11 +44,11 @@ for pod in typical typical-distinct typical-namespace 2x2000; do
 done
 
 # The typical review when nothing of it is cached: cold-probe writes 4 MiB between reviews,
-# which evicts callgrind's simulated 2 MiB last-level cache, and only the review is
-# counted (cold-probe's one_review; the simulation still sees everything). Its misses there are the cache lines of code
-# and data a cold review must fetch from memory: in the server, TLS, hyper, the kernel and the
-# other connections run between two reviews, so this, not the instruction count, is what a
-# review costs there (BENCHMARKS.md, "What the goals need").
+# which evicts callgrind's simulated 2 MiB last-level cache, and only the review is counted
+# (cold-probe's one_review; the simulation still sees everything). Its misses there are the
+# cache lines of code and data a cold review must fetch from memory: in the server, TLS, hyper,
+# the kernel and the other connections run between two reviews, so this, not the instruction
+# count, is what a review costs there (BENCHMARKS.md, "What the goals need").
 cold() {
   valgrind --tool=callgrind --cache-sim=yes --LL=2097152,16,64 \
     --toggle-collect='cold_probe::one_review' --callgrind-out-file="$out/engine-cold-$1.out" \

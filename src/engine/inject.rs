@@ -1357,15 +1357,12 @@ pub struct Patch<'p> {
     written: Vec<u8>,
     /// Each long piece, with the offset in `written` where it belongs (in order).
     pieces: Vec<(usize, &'p Piece)>,
-    /// The whole JSON's length.
-    len: usize,
 }
 
 impl From<Vec<u8>> for Patch<'_> {
     /// A patch's JSON, with no piece kept: its base64 is encoded whole.
     fn from(json: Vec<u8>) -> Self {
         Self {
-            len: json.len(),
             written: json,
             pieces: Vec::new(),
         }
@@ -1409,11 +1406,11 @@ impl Base64Writer<'_> {
 impl Patch<'_> {
     /// The length of the patch's JSON.
     pub fn len(&self) -> usize {
-        self.len
+        self.written.len() + self.pieces.iter().map(|(_, p)| p.json.len()).sum::<usize>()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// The patch's JSON, long pieces copied in.
@@ -1421,7 +1418,7 @@ impl Patch<'_> {
         if self.pieces.is_empty() {
             return Cow::Borrowed(&self.written);
         }
-        let mut json = Vec::with_capacity(self.len);
+        let mut json = Vec::with_capacity(self.len());
         let mut done = 0;
         for &(at, piece) in &self.pieces {
             json.extend_from_slice(&self.written[done..at]);
@@ -1437,7 +1434,7 @@ impl Patch<'_> {
     /// each end that share a group of three with the bytes around it, so the stretches join
     /// as one encoding of the whole JSON would write them.
     pub fn base64_into(&self, out: &mut Vec<u8>) {
-        out.reserve(self.len.div_ceil(3) * 4);
+        out.reserve(self.len().div_ceil(3) * 4);
         let mut w = Base64Writer {
             out,
             carry: [0; 3],
@@ -1466,8 +1463,6 @@ impl Patch<'_> {
 struct PatchWriter<'p> {
     out: Vec<u8>,
     pieces: Vec<(usize, &'p Piece)>,
-    /// The bytes of the long pieces, which are not written into `out`.
-    left_out: usize,
 }
 
 impl<'p> PatchWriter<'p> {
@@ -1479,7 +1474,6 @@ impl<'p> PatchWriter<'p> {
     fn piece(&mut self, piece: &'p Piece) {
         if piece.json.len() >= Piece::BASE64_KEPT {
             self.pieces.push((self.out.len(), piece));
-            self.left_out += piece.json.len();
         } else {
             self.text(piece.json.as_bytes());
         }
@@ -1552,7 +1546,6 @@ impl<'p> PatchWriter<'p> {
         }
         self.text(b"]");
         Patch {
-            len: self.out.len() + self.left_out,
             written: self.out,
             pieces: self.pieces,
         }
@@ -1595,11 +1588,11 @@ fn index_token(mut i: usize, buf: &mut [u8; 20]) -> &str {
 }
 
 fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
-    // The bench's typical patch is 4.7 KB, most of it long pieces, which are not copied in.
+    // The bench's typical patch is 4.7 KB: 3.5 KB of it long pieces, which are not copied in,
+    // and 1.2 KB written.
     let mut w = PatchWriter {
         out: Vec::with_capacity(2048),
         pieces: Vec::new(),
-        left_out: 0,
     };
     let spec = pod.spec.as_ref();
     let has_init = spec.is_some_and(|s| s.init_containers.is_some());
@@ -1787,7 +1780,6 @@ mod tests {
                 let mut w = PatchWriter {
                     out: Vec::new(),
                     pieces: Vec::new(),
-                    left_out: 0,
                 };
                 w.text(&b"["[..]);
                 w.text("a".repeat(lead).as_bytes());
@@ -1843,7 +1835,6 @@ mod tests {
             let mut w = PatchWriter {
                 out: Vec::new(),
                 pieces: Vec::new(),
-                left_out: 0,
             };
             w.op(&[], Some(&token), |w| w.text(b"1"));
             let ours = String::from_utf8(w.out).expect("UTF-8");
