@@ -237,6 +237,9 @@ pub struct PodFacts<'a> {
 struct Key(Vec<u8>);
 
 impl Key {
+    /// Out of line: the key is built from some thirty fields, and a copy of this for each was
+    /// code a cold review fetched.
+    #[inline(never)]
     fn field(&mut self, tag: u8, bytes: &[u8]) {
         self.0.push(tag);
         self.0

@@ -471,37 +471,49 @@ impl<'a> Reader<'a> {
     }
 
     /// An object: `member` is called with each key, and must read or skip its value.
+    #[inline]
     pub fn object(
         &mut self,
         mut member: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
     ) -> Result<()> {
-        self.items(b'{', b'}', "expected an object", |r| {
-            let key = r.string()?;
-            r.expect(b':', "expected `:`")?;
-            member(r, key)
-        })
+        self.items(true, &mut member)
     }
 
     /// An array: `element` is called for each element, and must read or skip it.
-    pub fn array(&mut self, element: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
-        self.items(b'[', b']', "expected an array", element)
+    #[inline]
+    pub fn array(&mut self, mut element: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
+        self.items(false, &mut |r, _| element(r))
     }
 
-    /// The items of an object or an array, between `open` and `close`, separated by commas.
+    /// The items of an object (each called with its key) or an array (with an empty key),
+    /// separated by commas. One loop for every container the view reads, the item called
+    /// through a pointer: a copy of it for each reader was code that a cold review fetched
+    /// from memory again and again.
+    #[inline(never)]
     fn items(
         &mut self,
-        open: u8,
-        close: u8,
-        expected: &'static str,
-        mut item: impl FnMut(&mut Self) -> Result<()>,
+        object: bool,
+        item: &mut dyn FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
     ) -> Result<()> {
+        let (open, close, expected) = if object {
+            (b'{', b'}', "expected an object")
+        } else {
+            (b'[', b']', "expected an array")
+        };
         if !self.eat_ws(open) {
             return self.error(expected);
         }
         self.enter()?;
         if !self.eat_ws(close) {
             loop {
-                item(self)?;
+                let key = if object {
+                    let key = self.string()?;
+                    self.expect(b':', "expected `:`")?;
+                    key
+                } else {
+                    Cow::Borrowed("")
+                };
+                item(self, key)?;
                 if self.eat_ws(b',') {
                     continue;
                 }
