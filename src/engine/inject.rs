@@ -1059,10 +1059,14 @@ pub enum Edit<'p> {
     },
 }
 
-/// A set of names: a list while it is short (most pods have a handful of containers, volumes
-/// and mounts, where a scan beats hashing), hashed once it is long (thousands of env vars).
+/// A set of names: a list kept inline while it is short (most pods have a handful of
+/// containers, volumes and mounts, where a scan beats hashing, and a planning builds a dozen
+/// such sets: on the heap each was an allocation, whose memory a cold review fetched), hashed
+/// once it is long (thousands of env vars).
+// The inline list is the point: a set lives on the stack for one planning.
+#[allow(clippy::large_enum_variant)]
 enum Names<'a> {
-    Few(Vec<&'a str>),
+    Few(usize, [&'a str; Names::FEW]),
     Many(HashSet<&'a str>),
 }
 
@@ -1071,7 +1075,7 @@ impl<'a> Names<'a> {
 
     fn contains(&self, name: &str) -> bool {
         match self {
-            Names::Few(list) => list.contains(&name),
+            Names::Few(len, list) => list[..*len].contains(&name),
             Names::Many(set) => set.contains(name),
         }
     }
@@ -1079,15 +1083,16 @@ impl<'a> Names<'a> {
     /// Adds a name; false when it was there already.
     fn insert(&mut self, name: &'a str) -> bool {
         match self {
-            Names::Few(list) if list.contains(&name) => false,
-            Names::Few(list) if list.len() < Self::FEW => {
-                list.push(name);
+            Names::Few(len, list) if list[..*len].contains(&name) => false,
+            Names::Few(len, list) if *len < Self::FEW => {
+                list[*len] = name;
+                *len += 1;
                 true
             }
-            Names::Few(list) => {
+            Names::Few(len, list) => {
                 let mut set: HashSet<&str> =
-                    HashSet::with_capacity_and_hasher(list.len() * 2, Default::default());
-                set.extend(list.drain(..));
+                    HashSet::with_capacity_and_hasher(*len * 2, Default::default());
+                set.extend(&list[..*len]);
                 set.insert(name);
                 *self = Names::Many(set);
                 true
@@ -1100,12 +1105,8 @@ impl<'a> Names<'a> {
 impl<'a> FromIterator<&'a str> for Names<'a> {
     fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
         let iter = iter.into_iter();
-        let mut names = if iter.size_hint().0 < Self::FEW {
-            // A set that starts empty allocates only if something is added.
-            match iter.size_hint().0 {
-                0 => Names::Few(Vec::new()),
-                n => Names::Few(Vec::with_capacity(n.max(8))),
-            }
+        let mut names = if iter.size_hint().0 <= Self::FEW {
+            Names::Few(0, [""; Self::FEW])
         } else {
             Names::Many(HashSet::with_capacity_and_hasher(
                 iter.size_hint().0,
@@ -1893,7 +1894,7 @@ mod tests {
     fn names_are_a_set_short_or_long() {
         let many: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
         let mut names: Names<'_> = many[..3].iter().map(String::as_str).collect();
-        assert!(matches!(names, Names::Few(_)));
+        assert!(matches!(names, Names::Few(3, _)));
         for (i, name) in many.iter().enumerate() {
             assert_eq!(names.insert(name), i >= 3, "{name}");
         }
@@ -1901,6 +1902,10 @@ mod tests {
         assert!(many.iter().all(|n| names.contains(n)) && !names.contains("n40"));
         let long: Names<'_> = many.iter().map(String::as_str).chain(["n0"]).collect();
         assert!(matches!(long, Names::Many(_)) && long.contains("n39"));
+        // The empty name is a name like any other, not the inline list's filler.
+        let mut empty: Names<'_> = std::iter::empty().collect();
+        assert!(!empty.contains(""));
+        assert!(empty.insert("") && empty.contains("") && !empty.insert(""));
     }
 
     #[test]
