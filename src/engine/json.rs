@@ -485,6 +485,23 @@ impl<'a> Reader<'a> {
         self.items(false, &mut |r, _| element(r))
     }
 
+    /// [`Self::object`] with the loop compiled into the caller: for the small objects that
+    /// come by the thousand (a large pod's env vars), where a call through a pointer for each
+    /// member costs more than the loop's code.
+    #[inline]
+    pub fn object_inline(
+        &mut self,
+        member: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
+    ) -> Result<()> {
+        self.items_in(true, member)
+    }
+
+    /// [`Self::array`] with the loop compiled into the caller (see [`Self::object_inline`]).
+    #[inline]
+    pub fn array_inline(&mut self, mut element: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
+        self.items_in(false, |r, _| element(r))
+    }
+
     /// The items of an object (each called with its key) or an array (with an empty key),
     /// separated by commas. One loop for every container the view reads, the item called
     /// through a pointer: a copy of it for each reader was code that a cold review fetched
@@ -494,6 +511,16 @@ impl<'a> Reader<'a> {
         &mut self,
         object: bool,
         item: &mut dyn FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
+    ) -> Result<()> {
+        self.items_in(object, item)
+    }
+
+    /// [`Self::items`]' loop, for it and for the `_inline` readers.
+    #[inline(always)]
+    fn items_in(
+        &mut self,
+        object: bool,
+        mut item: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
     ) -> Result<()> {
         let (open, close, expected) = if object {
             (b'{', b'}', "expected an object")

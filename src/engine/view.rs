@@ -518,6 +518,20 @@ fn list<'a, T>(r: &mut Reader<'a>, mut read: impl FnMut(&mut Reader<'a>) -> R<T>
     Ok(out)
 }
 
+/// [`list`] for the lists that come by the thousand (a container's env vars and mounts): the
+/// loop compiled in, as their elements' readers are.
+fn list_inline<'a, T>(
+    r: &mut Reader<'a>,
+    mut read: impl FnMut(&mut Reader<'a>) -> R<T>,
+) -> R<Vec<T>> {
+    let mut out = Vec::new();
+    r.array_inline(|r| {
+        out.push(read(r)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
 fn str_map<'a>(r: &mut Reader<'a>) -> R<StrMap<'a>> {
     // Room for a pod's usual labels at once (a Deployment's pod has four or five): growing
     // from empty took two allocations for them.
@@ -538,9 +552,16 @@ fn required<T>(r: &Reader<'_>, value: Option<T>) -> R<T> {
 /// with `reader` into `place` (`_` checks it and keeps nothing). Each key may come once; any
 /// other member is stepped over.
 macro_rules! members {
-    ($r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {{
+    ($r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {
+        members!(object, $r, { $($key => $read => $place),* })
+    };
+    // For the small objects that come by the thousand: the object's loop compiled in.
+    (inline $r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {
+        members!(object_inline, $r, { $($key => $read => $place),* })
+    };
+    ($object:ident, $r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {{
         let mut read = 0u32;
-        $r.object(|r, key| {
+        $r.$object(|r, key| {
             let mut bit = 1u32;
             $(
                 if &*key == $key {
@@ -744,13 +765,13 @@ fn spec<'a>(r: &mut Reader<'a>) -> R<SpecView<'a>> {
 
 fn name_view<'a>(r: &mut Reader<'a>) -> R<NameView<'a>> {
     let mut n = NameView::default();
-    members!(r, { "name" => opt_string => n.name })?;
+    members!(inline r, { "name" => opt_string => n.name })?;
     Ok(n)
 }
 
 fn mount<'a>(r: &mut Reader<'a>) -> R<MountView<'a>> {
     let mut m = MountView::default();
-    members!(r, {
+    members!(inline r, {
         "name" => opt_string => m.name,
         "mountPath" => opt_string => m.mount_path,
     })?;
@@ -787,13 +808,13 @@ fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
             }
             "env" => {
                 once(r, &mut read, 2)?;
-                let (env, raw) = r.spanned(|r| optional(r, |r| list(r, name_view)))?;
+                let (env, raw) = r.spanned(|r| optional(r, |r| list_inline(r, name_view)))?;
                 c.env = env;
                 raw
             }
             "volumeMounts" => {
                 once(r, &mut read, 4)?;
-                let (mounts, raw) = r.spanned(|r| optional(r, |r| list(r, mount)))?;
+                let (mounts, raw) = r.spanned(|r| optional(r, |r| list_inline(r, mount)))?;
                 c.volume_mounts = mounts;
                 raw
             }
