@@ -503,9 +503,9 @@ impl<'a> Reader<'a> {
     }
 
     /// The items of an object (each called with its key) or an array (with an empty key),
-    /// separated by commas. One loop for every container the view reads, the item called
-    /// through a pointer: a copy of it for each reader was code that a cold review fetched
-    /// from memory again and again.
+    /// separated by commas. One loop for every container the view reads but those read by
+    /// the `_inline` readers, the item called through a pointer: a copy of it for each reader
+    /// was code that a cold review fetched from memory again and again.
     #[inline(never)]
     fn items(
         &mut self,
