@@ -4,7 +4,11 @@
 //! - `hot`: nothing (what criterion and the instruction counts see);
 //! - `sleepN`: the thread sleeps N µs, as a webhook worker parks between requests;
 //! - `spinN`: the thread stays busy N µs instead (same gap, no sleep);
-//! - `thrashN`: N MiB of other memory is written (caches evicted, no sleep).
+//! - `thrashN`: N MiB of other memory is written (caches evicted, no sleep);
+//! - `pagesN`: one byte written in each of N other 4-KiB pages (N lines, N pages: the TLB's
+//!   entries evicted for few cache lines);
+//! - `linesN`: N other 64-byte lines written in a row (N lines, N / 64 pages): the same lines
+//!   as `pagesN` without its pages, so the two together tell what the pages cost.
 //!
 //! `cold-probe [--modes hot,sleep50,spin50,thrash32] [--reviews 2000]` prints the mean and the
 //! median of each. Times on a shared machine move; compare modes within one run.
@@ -34,6 +38,8 @@ enum Gap {
     Sleep(Duration),
     Spin(Duration),
     Thrash(usize),
+    /// Bytes between two writes, and how many writes.
+    Stride(usize, usize),
 }
 
 fn gap(mode: &str) -> anyhow::Result<Gap> {
@@ -47,7 +53,9 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
         m if m.starts_with("sleep") => Gap::Sleep(Duration::from_micros(number("sleep")?)),
         m if m.starts_with("spin") => Gap::Spin(Duration::from_micros(number("spin")?)),
         m if m.starts_with("thrash") => Gap::Thrash(usize::try_from(number("thrash")?)? << 20),
-        m => bail!("unknown mode {m:?} (hot, sleepN, spinN, thrashN)"),
+        m if m.starts_with("pages") => Gap::Stride(4096, usize::try_from(number("pages")?)?),
+        m if m.starts_with("lines") => Gap::Stride(64, usize::try_from(number("lines")?)?),
+        m => bail!("unknown mode {m:?} (hot, sleepN, spinN, thrashN, pagesN, linesN)"),
     })
 }
 
@@ -62,7 +70,11 @@ fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let largest = gaps
         .iter()
-        .map(|(_, g)| if let Gap::Thrash(n) = g { *n } else { 0 })
+        .map(|(_, g)| match g {
+            Gap::Thrash(n) => *n,
+            Gap::Stride(stride, n) => stride * n,
+            _ => 0,
+        })
         .max()
         .unwrap_or(0);
     let mut other = vec![0u8; largest];
@@ -80,6 +92,12 @@ fn main() -> anyhow::Result<()> {
                 }
                 Gap::Thrash(n) => {
                     for byte in other[..*n].iter_mut().step_by(64) {
+                        *byte = byte.wrapping_add(i as u8);
+                    }
+                    std::hint::black_box(&other);
+                }
+                Gap::Stride(stride, n) => {
+                    for byte in other[..stride * n].iter_mut().step_by(*stride) {
                         *byte = byte.wrapping_add(i as u8);
                     }
                     std::hint::black_box(&other);
