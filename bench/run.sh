@@ -29,7 +29,7 @@ if command -v valgrind >/dev/null; then
   if PROFILE_LINE_TABLES=0 PROFILE_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}" timeout 600 \
     bash bench/profile.sh >"$out/profile.log" 2>&1; then
     instructions=(--instructions "$out/profile/instructions.json")
-    tail -n 8 "$out/profile.log"
+    tail -n 9 "$out/profile.log"
   else
     echo "WARNING: bench/profile.sh failed (see $out/profile.log): no instruction counts" >&2
   fi
