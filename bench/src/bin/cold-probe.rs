@@ -37,8 +37,7 @@ enum Gap {
     Hot,
     Sleep(Duration),
     Spin(Duration),
-    Thrash(usize),
-    /// Bytes between two writes, and how many writes.
+    /// Bytes between two writes, and how many writes (`thrashN` is N MiB at 64).
     Stride(usize, usize),
 }
 
@@ -52,7 +51,7 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
         "hot" => Gap::Hot,
         m if m.starts_with("sleep") => Gap::Sleep(Duration::from_micros(number("sleep")?)),
         m if m.starts_with("spin") => Gap::Spin(Duration::from_micros(number("spin")?)),
-        m if m.starts_with("thrash") => Gap::Thrash(usize::try_from(number("thrash")?)? << 20),
+        m if m.starts_with("thrash") => Gap::Stride(64, usize::try_from(number("thrash")?)? << 14),
         m if m.starts_with("pages") => Gap::Stride(4096, usize::try_from(number("pages")?)?),
         m if m.starts_with("lines") => Gap::Stride(64, usize::try_from(number("lines")?)?),
         m => bail!("unknown mode {m:?} (hot, sleepN, spinN, thrashN, pagesN, linesN)"),
@@ -71,7 +70,6 @@ fn main() -> anyhow::Result<()> {
     let largest = gaps
         .iter()
         .map(|(_, g)| match g {
-            Gap::Thrash(n) => *n,
             Gap::Stride(stride, n) => stride * n,
             _ => 0,
         })
@@ -89,12 +87,6 @@ fn main() -> anyhow::Result<()> {
                     while start.elapsed() < *d {
                         std::hint::spin_loop();
                     }
-                }
-                Gap::Thrash(n) => {
-                    for byte in other[..*n].iter_mut().step_by(64) {
-                        *byte = byte.wrapping_add(i as u8);
-                    }
-                    std::hint::black_box(&other);
                 }
                 Gap::Stride(stride, n) => {
                     for byte in other[..stride * n].iter_mut().step_by(*stride) {
