@@ -2,8 +2,9 @@
 //!
 //! Directory notifications trigger a re-check (kubelet replaces a `..data` symlink in a mounted
 //! directory; cert-manager rewrites files), and a periodic re-check catches anything missed. A
-//! change is applied only when the bytes differ; a broken change keeps the last good state and
-//! says so in the logs and in `sidecar_injector_reloads_total{result="error"}`.
+//! change is applied only when the bytes differ and a second look a moment later finds the same
+//! bytes; a broken change keeps the last good state and says so in the logs and in
+//! `sidecar_injector_reloads_total{result="error"}`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,6 +36,12 @@ impl Tracked {
         fingerprint != self.served && Some(fingerprint) != self.refused
     }
 }
+
+/// How long a new reading must stay the same before it is applied. A file rewritten in place
+/// (an editor, `cp`, a shell redirect) is empty or half written between its truncation and the
+/// last write; a re-check landing in that moment must not take the half for the whole, nor
+/// report it as broken. A reading that has moved on is left to the event or tick that follows.
+const SETTLE: Duration = Duration::from_millis(100);
 
 pub struct Reloader {
     pub state: Arc<State>,
@@ -126,17 +133,22 @@ impl Reloader {
         let Some((files, tracked)) = &mut self.cert_files else {
             return;
         };
-        let fingerprint = match files.fingerprint() {
-            Ok(f) => f,
+        let read = || {
+            let fingerprint = files.fingerprint();
+            let key = fingerprint.as_ref().copied().unwrap_or_default();
+            (fingerprint, key)
+        };
+        let Some((fingerprint, _)) = settled(tracked, read, SETTLE) else {
+            return;
+        };
+        let fingerprint = match fingerprint {
+            Ok(fingerprint) => fingerprint,
             Err(error) => {
                 // Mid-rotation a file can be missing for a moment; the next event or tick
                 // picks up the finished pair, so this is only worth a debug line.
                 return tracing::debug!(%error, "certificate files not readable right now");
             }
         };
-        if !tracked.is_new(fingerprint) {
-            return;
-        }
         match files.load() {
             Ok(loaded) => {
                 self.resolver.set(loaded.key);
@@ -157,22 +169,25 @@ impl Reloader {
         let Some((path, tracked, _)) = &mut self.config else {
             return;
         };
-        let sources = match crate::load::Sources::read(path) {
+        let read = || {
+            let sources = crate::load::Sources::read(path);
+            let fingerprint = match &sources {
+                Ok(sources) => sources.fingerprint(),
+                Err(error) => error_fingerprint(error),
+            };
+            (sources, fingerprint)
+        };
+        let Some((sources, fingerprint)) = settled(tracked, read, SETTLE) else {
+            return;
+        };
+        let sources = match sources {
             Ok(sources) => sources,
             Err(error) => {
-                let fingerprint = error_fingerprint(&error);
-                if tracked.refused != Some(fingerprint) {
-                    tracked.refused = Some(fingerprint);
-                    self.state.metrics.reload(ReloadKind::Config, false);
-                    tracing::error!(%error, "configuration unreadable; keeping the previous one");
-                }
-                return;
+                tracked.refused = Some(fingerprint);
+                self.state.metrics.reload(ReloadKind::Config, false);
+                return tracing::error!(%error, "configuration unreadable; keeping the previous one");
             }
         };
-        let fingerprint = sources.fingerprint();
-        if !tracked.is_new(fingerprint) {
-            return;
-        }
         match sources.build(crate::load::own_namespace()) {
             Ok(injector) => {
                 self.state.injector.store(Arc::new(injector));
@@ -189,6 +204,26 @@ impl Reloader {
     }
 }
 
+/// A new reading, once it has stayed the same for `settle`; `None` when there is nothing new or
+/// the files are still changing (the event or tick that follows looks again).
+fn settled<T>(
+    tracked: &Tracked,
+    mut read: impl FnMut() -> (T, [u8; 32]),
+    settle: Duration,
+) -> Option<(T, [u8; 32])> {
+    let (_, first) = read();
+    if !tracked.is_new(first) {
+        return None;
+    }
+    std::thread::sleep(settle);
+    let (reading, again) = read();
+    if again != first {
+        tracing::debug!("watched files still changing; looking again later");
+        return None;
+    }
+    Some((reading, again))
+}
+
 /// Identifies an error that happened before any bytes could be fingerprinted, so the same
 /// failure is reported once rather than at every tick.
 fn error_fingerprint(error: &crate::engine::config::ConfigError) -> [u8; 32] {
@@ -202,7 +237,52 @@ mod tests {
         AccessKind, AccessMode, CreateKind, EventKind, ModifyKind, RemoveKind, RenameMode,
     };
 
-    use super::is_change;
+    use std::time::Duration;
+
+    use super::{Tracked, is_change, settled};
+
+    /// Readings a test hands out in turn, counting how many were taken.
+    fn readings(
+        list: &[u8],
+    ) -> (
+        impl FnMut() -> (u8, [u8; 32]),
+        std::rc::Rc<std::cell::Cell<usize>>,
+    ) {
+        let taken = std::rc::Rc::new(std::cell::Cell::new(0));
+        let (list, count) = (list.to_vec(), taken.clone());
+        let read = move || {
+            let byte = list[count.get()];
+            count.set(count.get() + 1);
+            (byte, [byte; 32])
+        };
+        (read, taken)
+    }
+
+    #[test]
+    fn a_reading_is_applied_only_once_it_holds_still() {
+        let tracked = Tracked::new([1; 32]);
+        // Half written (2), then whole (3): not applied; the next look decides.
+        let (read, taken) = readings(&[2, 3]);
+        assert_eq!(settled(&tracked, read, Duration::ZERO).map(|r| r.0), None);
+        assert_eq!(taken.get(), 2);
+        // The same bytes twice: applied.
+        let (read, _) = readings(&[3, 3]);
+        assert_eq!(
+            settled(&tracked, read, Duration::ZERO).map(|r| r.0),
+            Some(3)
+        );
+        // What is served, or what was refused, is not looked at twice.
+        let (read, taken) = readings(&[1]);
+        assert_eq!(settled(&tracked, read, Duration::ZERO).map(|r| r.0), None);
+        assert_eq!(taken.get(), 1);
+        let refused = Tracked {
+            served: [1; 32],
+            refused: Some([4; 32]),
+        };
+        let (read, taken) = readings(&[4]);
+        assert_eq!(settled(&refused, read, Duration::ZERO).map(|r| r.0), None);
+        assert_eq!(taken.get(), 1);
+    }
 
     #[test]
     fn opening_or_reading_a_file_is_no_change_and_writing_one_is() {
