@@ -6,12 +6,17 @@ open-loop runs per side, taken in turns (ABBA...) and pooled. This runs that sam
 two ceilings (`aa`: the same binary on both sides, so every ratio away from 1 is the method's
 own noise), with the webhook against a ceiling (`ab`), or with a ceiling that also runs the
 engine on each body against a plain one (`eb`: the engine's share of the webhook's gap, without
-the webhook's shell), and prints each trial's pooled p99s and
-their ratio, one JSON line each. Loopback only; bounded: TRIALS x 2 x ROUNDS runs of 7 s.
+the webhook's shell), or with a ceiling that spins SPIN_US microseconds a request against a
+plain one (`sb`: a synthetic engine of known cost that fetches nothing), and prints each
+trial's pooled p99s and their ratio, one JSON line each. Loopback only; bounded: TRIALS x 2 x ROUNDS runs of 7 s.
 
-    python3 bench/p99-noise.py aa|ab|eb HTTP RATE TRIALS [ROUNDS]      (e.g. ab 2 17000 5 4; ROUNDS: 2)
+    python3 bench/p99-noise.py aa|ab|eb|sb HTTP RATE TRIALS [ROUNDS]      (e.g. ab 2 17000 5 4; ROUNDS: 2)
 
 Uses the release binaries of `make bench` (CARGO_TARGET_DIR or target/release).
+
+PIN=SERVERS:LOADGEN (CPU lists, e.g. PIN=1:0) runs the servers on the first CPUs and the load
+generator on the second, as the API server runs on other machines than a webhook in a cluster;
+unset, all share every CPU as in `make bench`.
 """
 
 import array
@@ -26,6 +31,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release")
 
 
+def cpus(part):
+    """The CPU set of PIN's part (0: servers, 1: load generator), or None when PIN is unset."""
+    pin = os.environ.get("PIN")
+    if not pin:
+        return None
+    return {int(c) for c in pin.split(":")[part].split(",")}
+
+
+def pinned(part):
+    """A preexec_fn that pins the child to its part of PIN (or does nothing)."""
+    chosen = cpus(part)
+    return (lambda: os.sched_setaffinity(0, chosen)) if chosen else None
+
+
 def start(kind, port, tmp):
     ca = os.path.join(tmp, f"{kind}-{port}-ca.pem")
     if kind == "webhook":
@@ -35,9 +54,10 @@ def start(kind, port, tmp):
         env = {**os.environ, "RUST_LOG": ""}
     else:
         cmd = [f"{BIN}/ceiling", "--listen", f"127.0.0.1:{port}", "--dev-ca-file", ca,
-               "--exit-after", "3600"] + (["--engine"] if kind == "engine" else [])
+               "--exit-after", "3600"] + (["--engine"] if kind == "engine" else []) \
+            + (["--spin-us", os.environ.get("SPIN_US", "8")] if kind == "spin" else [])
         env = os.environ
-    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, preexec_fn=pinned(0))
     for _ in range(200):
         if os.path.exists(ca) and os.path.getsize(ca) > 0:
             break
@@ -56,7 +76,7 @@ def run(server, http, rate, path):
     out = subprocess.run(
         [f"{BIN}/loadgen", "--addr", f"127.0.0.1:{port}", "--ca", ca, "--http", str(http), *conns,
          "--rate", str(rate), "--duration", "6", "--warmup", "1", "--latencies", path],
-        capture_output=True, text=True, check=True).stdout
+        capture_output=True, text=True, check=True, preexec_fn=pinned(1)).stdout
     report = json.loads(out.strip().splitlines()[-1])
     latencies = array.array("Q")
     with open(path, "rb") as f:
@@ -70,7 +90,7 @@ def p99_ms(samples):
 
 
 # The first side of each pair; the second is always the ceiling.
-PAIRS = {"aa": "ceiling", "ab": "webhook", "eb": "engine"}
+PAIRS = {"aa": "ceiling", "ab": "webhook", "eb": "engine", "sb": "spin"}
 
 
 def main():

@@ -49,6 +49,11 @@ struct Args {
     /// plain ceiling what it costs as it comes.
     #[arg(long, default_value_t = 1, requires = "engine")]
     engine_runs: u32,
+    /// Spin this many microseconds on every request (on top of --engine, if given): an engine
+    /// of known cost that fetches nothing, for finding how the p99 goal's ratio grows with
+    /// what a review costs the server (`bench/p99-noise.py sb`).
+    #[arg(long, default_value_t = 0)]
+    spin_us: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -87,7 +92,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         let listener = TcpListener::bind(args.listen).await?;
         tokio::select! {
-            () = serve(listener, acceptor, answer, args.engine.then_some((injector, args.engine_runs))) => {}
+            () = serve(listener, acceptor, answer, args.engine.then_some((injector, args.engine_runs)), Duration::from_micros(args.spin_us)) => {}
             () = tokio::time::sleep(Duration::from_secs(args.exit_after)) => {}
             // SIGINT ends it cleanly too (a profiler writes its counts at a clean exit).
             _ = tokio::signal::ctrl_c() => {}
@@ -101,6 +106,7 @@ async fn serve(
     acceptor: TlsAcceptor,
     answer: Bytes,
     engine: Option<(Arc<Injector>, u32)>,
+    spin: Duration,
 ) {
     // The webhook's own connection settings, with its default header-read timeout.
     let builder = Arc::new(server::http_builder(Duration::from_secs(5)));
@@ -130,6 +136,12 @@ async fn serve(
                             for _ in 0..*runs {
                                 let review = review::answer(injector, Webhook::Mutate, &body);
                                 std::hint::black_box(review.ok());
+                            }
+                        }
+                        if !spin.is_zero() {
+                            let started = std::time::Instant::now();
+                            while started.elapsed() < spin {
+                                std::hint::spin_loop();
                             }
                         }
                         let mut response = Response::new(Full::new(answer));
