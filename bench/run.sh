@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make bench`: release builds, then on 127.0.0.1 only and bounded in time:
+# `make bench`: the image's release build (profile-guided, tools/pgo-build.sh: two builds and
+# a 15-second training the first time), then on 127.0.0.1 only and bounded in time:
 #   1. criterion: engine time as pods grow (benches/engine.rs), about a minute; instruction
 #      counts per review under valgrind (bench/profile.sh), about two minutes;
 #   2. bench-run: the transport ceiling, the webhook and the peer (Istio's injector, built from
@@ -14,9 +15,21 @@ out="$PWD/target/bench"
 mkdir -p "$out"
 cargo=${CARGO:-cargo}
 
-# One invocation: the webhook and the bench programs share one feature resolution, so the
-# webhook's crate is compiled once, not once per program.
-"$cargo" build --release -p sidecar-injector -p sidecar-injector-bench --bins
+# The release build the image ships: optimized with a profile of the server at work
+# (tools/pgo-build.sh; trained on the golden suite's reviews, not on the bench's). Every cargo
+# command below then builds with the same flags into the same directory, so nothing is built
+# twice. One invocation there: the webhook and the bench programs share one feature
+# resolution, so the webhook's crate is compiled once, not once per program. Without an
+# llvm-profdata for rustc's LLVM the bench measures a plain release build and says so.
+pgo=true
+if pgo_env=$(CARGO="$cargo" bash tools/pgo-build.sh --env); then
+  eval "$pgo_env"
+else
+  echo "WARNING: tools/pgo-build.sh failed (above): measuring a plain release build," \
+    "not the image's" >&2
+  pgo=false
+  "$cargo" build --release -p sidecar-injector -p sidecar-injector-bench --bins
+fi
 
 # Criterion writes under CRITERION_HOME; keep it with the summary whatever CARGO_TARGET_DIR is.
 CRITERION_HOME="$out/criterion" timeout 300 \
@@ -40,6 +53,7 @@ fi
 # Which code was measured: the commit, and whether src/ differed from it.
 revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 git diff --quiet HEAD -- src 2>/dev/null || revision="$revision+uncommitted-src"
+$pgo || revision="$revision (plain release build, no PGO)"
 
 # The peer. If it cannot be built (no Go toolchain, no network on a first build), everything
 # else is still measured and the report says why the peer rows are missing.

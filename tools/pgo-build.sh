@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# A release build of sidecar-injector (and the bench programs) optimized with a profile of the
+# server at work (profile-guided optimization): the image (Dockerfile) and `make bench` use it.
+#
+#   bash tools/pgo-build.sh          prints the directory holding the optimized release binaries
+#   bash tools/pgo-build.sh --env    prints `export CARGO_TARGET_DIR=… RUSTFLAGS=…` for further
+#                                    cargo commands on the same build (bench/run.sh evals it)
+#
+# 1. Builds the webhook and the load generator instrumented (-Cprofile-generate) into
+#    $BASE/pgo-generate.
+# 2. Trains: the instrumented `sidecar-injector serve` on 127.0.0.1 (a development certificate)
+#    answers the AdmissionReviews of tests/inputs/{inject,skip,deny} (the golden suite's reviews: injected,
+#    skipped and denied pods, v1 and v1beta1, /mutate and /validate) from the load generator,
+#    closed and open loop, over HTTP/1.1 and HTTP/2, about 15 s in all. Not bench/review.json:
+#    the benchmark's own body is not what the profile is taken from.
+# 3. Merges the profile with the llvm-profdata of rustc's LLVM and builds with -Cprofile-use
+#    into $BASE/pgo. The profile is kept under a name taken from what it was trained on (the
+#    sources, the lock file and rustc's version), so a later run with nothing changed reuses it,
+#    and one with a change trains again. The instrumented build's flags do not change with the
+#    sources, so it rebuilds only what changed; the optimized build rebuilds everything when the
+#    profile is new (every crate is laid out by it).
+#
+# BASE is CARGO_TARGET_DIR (or target/). The code is the same code as a plain release build;
+# only its layout and inlining follow the profile (BENCHMARKS.md, "At b4affd8"). llvm-profdata
+# comes from rustup's llvm-tools component (`rustup component add llvm-tools`) or from the
+# distribution's LLVM of the same major version as rustc's (Debian: `apt install llvm-22`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+env_out=false
+[[ ${1:-} == --env ]] && env_out=true
+cargo=${CARGO:-cargo}
+base=${CARGO_TARGET_DIR:-$PWD/target}
+log() { echo "[pgo $(date -u +%H:%M:%S)] $*" >&2; }
+
+llvm_major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+profdata=""
+for candidate in "$(rustc --print sysroot)"/lib/rustlib/*/bin/llvm-profdata \
+  "/usr/lib/llvm-$llvm_major/bin/llvm-profdata" "$(command -v "llvm-profdata-$llvm_major" || true)"; do
+  if [[ -x $candidate ]]; then
+    profdata=$candidate
+    break
+  fi
+done
+if [[ -z $profdata ]]; then
+  echo "tools/pgo-build.sh: no llvm-profdata for LLVM $llvm_major (rustc's): run" \
+    "'rustup component add llvm-tools' or install llvm-$llvm_major" >&2
+  exit 3
+fi
+
+# What the profile depends on: the sources the server runs, the lock file, the compiler.
+key=$({
+  rustc -vV
+  git ls-files -s -- src templates bench/src Cargo.lock Cargo.toml bench/Cargo.toml tests/inputs 2>/dev/null \
+    || find src templates bench/src tests/inputs Cargo.lock Cargo.toml bench/Cargo.toml -type f -exec sha256sum {} +
+  git diff HEAD -- src templates bench/src Cargo.lock Cargo.toml bench/Cargo.toml tests/inputs 2>/dev/null || true
+} | sha256sum | cut -c1-16)
+data="$base/pgo-data"
+profile="$data/$key.profdata"
+packages=(-p sidecar-injector -p sidecar-injector-bench --bins)
+
+if [[ ! -s $profile ]]; then
+  raw="$data/raw"
+  mkdir -p "$raw"
+  log "instrumented build (profile $key)"
+  RUSTFLAGS="-Cprofile-generate=$raw" CARGO_TARGET_DIR="$base/pgo-generate" \
+    "$cargo" build --release --locked "${packages[@]}" >&2
+  # The build scripts ran instrumented too, and an earlier training may have left some: only
+  # this training's server profile is merged.
+  rm -f "$raw"/*.profraw
+  bin="$base/pgo-generate/release"
+  tmp=$(mktemp -d)
+  server=""
+  cleanup() {
+    [[ -n $server ]] && kill "$server" 2>/dev/null || true
+    rm -rf "$tmp"
+  }
+  trap cleanup EXIT
+  port=$((20000 + RANDOM % 20000))
+  log "training on 127.0.0.1:$port"
+  LLVM_PROFILE_FILE="$raw/server-%p.profraw" RUST_LOG=error "$bin/sidecar-injector" serve \
+    --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
+    --dev-ca-file "$tmp/ca.pem" >"$tmp/serve.log" 2>&1 &
+  server=$!
+  # The load generator's own profile is not wanted: it goes to the scratch directory.
+  load() {
+    LLVM_PROFILE_FILE="$tmp/loadgen-%p.profraw" "$bin/loadgen" --addr "127.0.0.1:$port" \
+      --ca "$tmp/ca.pem" --warmup 0 "$@" >"$tmp/load.log" 2>&1
+  }
+  train() {
+    load "$@" || { cat "$tmp/load.log" >&2; echo "tools/pgo-build.sh: training failed: loadgen $*" >&2; exit 1; }
+  }
+  started=false
+  for _ in $(seq 200); do
+    if [[ -s $tmp/ca.pem ]] && load --check --body tests/inputs/inject/pod-v1.json; then
+      started=true
+      break
+    fi
+    sleep 0.05
+  done
+  $started || { cat "$tmp/serve.log" >&2; echo "tools/pgo-build.sh: the server did not start" >&2; exit 1; }
+  reviews=(tests/inputs/{inject,skip,deny}/*.json)
+  for review in "${reviews[@]}"; do
+    for path in /mutate /validate; do
+      train --path "$path" --body "$review" --duration 0.25
+      train --path "$path" --body "$review" --duration 0.25 --http 2 --connections 2 --streams 8
+    done
+  done
+  for review in "${reviews[@]}"; do
+    train --body "$review" --duration 0.2 --rate 3000
+  done
+  kill -TERM "$server"
+  wait "$server" || { echo "tools/pgo-build.sh: the trained server did not exit cleanly" >&2; exit 1; }
+  server=""
+  compgen -G "$raw/server-*.profraw" >/dev/null \
+    || { echo "tools/pgo-build.sh: the server wrote no profile" >&2; exit 1; }
+  "$profdata" merge -o "$profile.tmp" "$raw"/server-*.profraw
+  mv "$profile.tmp" "$profile"
+  rm -f "$raw"/*.profraw
+  log "profile $profile ($(du -h "$profile" | cut -f1))"
+else
+  log "reusing profile $profile"
+fi
+
+log "optimized build"
+RUSTFLAGS="-Cprofile-use=$profile" CARGO_TARGET_DIR="$base/pgo" \
+  "$cargo" build --release --locked "${packages[@]}" >&2
+if $env_out; then
+  printf 'export CARGO_TARGET_DIR=%q RUSTFLAGS=%q\n' "$base/pgo" "-Cprofile-use=$profile"
+else
+  echo "$base/pgo/release"
+fi
