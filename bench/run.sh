@@ -32,6 +32,9 @@ else
 fi
 
 # Criterion writes under CRITERION_HOME; keep it with the summary whatever CARGO_TARGET_DIR is.
+# Built first, outside the time limit: the bench profile's build (every crate, with the
+# profile) takes minutes here, the benches themselves about one.
+"$cargo" bench -p sidecar-injector --bench engine --no-run
 CRITERION_HOME="$out/criterion" timeout 300 \
   "$cargo" bench -p sidecar-injector --bench engine -- --noplot
 

@@ -10,7 +10,8 @@
 #    $BASE/pgo-generate.
 # 2. Trains: the instrumented `sidecar-injector serve` on 127.0.0.1 (a development certificate)
 #    answers the AdmissionReviews of tests/inputs/{inject,skip,deny} (the golden suite's reviews: injected,
-#    skipped and denied pods, v1 and v1beta1, /mutate and /validate) from the load generator,
+#    skipped and denied pods, v1 and v1beta1, /mutate and /validate; one of them also with 300
+#    and 2,000 env vars a container, for large pods) from the load generator,
 #    closed and open loop, over HTTP/1.1 and HTTP/2, about 15 s in all. Not bench/review.json:
 #    the benchmark's own body is not what the profile is taken from.
 # 3. Merges the profile with the llvm-profdata of rustc's LLVM and builds with -Cprofile-use
@@ -47,12 +48,14 @@ if [[ -z $profdata ]]; then
   exit 3
 fi
 
-# What the profile depends on: the sources the server runs, the lock file, the compiler.
+# What the profile depends on: the server's sources and templates, the lock file, the training
+# (this script and its reviews), the compiler. Not the bench programs' sources: the load
+# generator only drives the training, and none of its code is in the profile.
 key=$({
   rustc -vV
-  git ls-files -s -- src templates bench/src Cargo.lock Cargo.toml bench/Cargo.toml tests/inputs 2>/dev/null \
-    || find src templates bench/src tests/inputs Cargo.lock Cargo.toml bench/Cargo.toml -type f -exec sha256sum {} +
-  git diff HEAD -- src templates bench/src Cargo.lock Cargo.toml bench/Cargo.toml tests/inputs 2>/dev/null || true
+  paths=(src templates Cargo.lock Cargo.toml tests/inputs tools/pgo-build.sh)
+  git ls-files -s -- "${paths[@]}" 2>/dev/null || find "${paths[@]}" -type f -exec sha256sum {} +
+  git diff HEAD -- "${paths[@]}" 2>/dev/null || true
 } | sha256sum | cut -c1-16)
 data="$base/pgo-data"
 profile="$data/$key.profdata"
@@ -107,6 +110,11 @@ if [[ ! -s $profile ]]; then
   done
   for review in "${reviews[@]}"; do
     train --body "$review" --duration 0.2 --rate 3000
+  done
+  # Large pods: a few hundred and a few thousand env vars a container.
+  for count in 300 2000; do
+    train --body tests/inputs/inject/pod-v1.json --pad-env "$count" --duration 1
+    train --body tests/inputs/inject/pod-v1.json --pad-env "$count" --duration 0.5 --path /validate
   done
   kill -TERM "$server"
   wait "$server" || { echo "tools/pgo-build.sh: the trained server did not exit cleanly" >&2; exit 1; }

@@ -52,6 +52,10 @@ struct Args {
     /// The AdmissionReview to send (JSON, sent as is). Default: bench/review.json, compact.
     #[arg(long)]
     body: Option<PathBuf>,
+    /// Append this many env vars to every container of the body (every seventh from a
+    /// ConfigMap): large pods for training the profile-guided build (tools/pgo-build.sh).
+    #[arg(long, default_value_t = 0)]
+    pad_env: usize,
     /// 1 (HTTP/1.1) or 2 (HTTP/2), negotiated by ALPN.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
     http: u8,
@@ -162,6 +166,11 @@ impl Target {
         let body = match &args.body {
             Some(path) => std::fs::read(path).with_context(|| path.display().to_string())?,
             None => review_body()?,
+        };
+        let body = if args.pad_env > 0 {
+            pad_env(&body, args.pad_env)?
+        } else {
+            body
         };
         Ok(Self {
             addr: args.addr,
@@ -573,6 +582,32 @@ async fn reconnect(target: &Target, old: Sender) -> Sender {
 
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `body` with `count` env vars appended to each of its pod's containers.
+fn pad_env(body: &[u8], count: usize) -> anyhow::Result<Vec<u8>> {
+    let mut review: serde_json::Value =
+        serde_json::from_slice(body).context("--body is not JSON")?;
+    let containers = review["request"]["object"]["spec"]["containers"]
+        .as_array_mut()
+        .context("--pad-env: the body has no request.object.spec.containers")?;
+    for container in containers {
+        if !container["env"].is_array() {
+            container["env"] = serde_json::Value::Array(Vec::new());
+        }
+        let env = container["env"]
+            .as_array_mut()
+            .expect("made an array above");
+        env.extend((0..count).map(|i| {
+            let name = format!("PAD_VAR_{i}");
+            if i % 7 == 6 {
+                serde_json::json!({"name": name, "valueFrom": {"configMapKeyRef": {"name": "pad", "key": format!("k{i}")}}})
+            } else {
+                serde_json::json!({"name": name, "value": format!("pad-{i}")})
+            }
+        }));
+    }
+    Ok(serde_json::to_vec(&review)?)
 }
 
 #[cfg(test)]
