@@ -3,9 +3,9 @@
 # distroless, running as the distroless "nonroot" user.
 #   docker build -t sidecar-injector .
 # The binary is built with profile-guided optimization (tools/pgo-build.sh): an instrumented
-# build serves the golden suite's reviews on the builder's loopback for about 15 seconds, and
-# the release build is laid out by that profile (the engine costs the server about 40% less a
-# review; BENCHMARKS.md). `--build-arg PGO=0` builds a plain release binary instead: the same
+# build serves the golden suite's reviews on the builder's loopback for about 25 seconds, and
+# the release build is laid out by that profile (the engine costs the server about a third
+# less a review; BENCHMARKS.md). `--build-arg PGO=0` builds a plain release binary instead: the same
 # code, built in half the time.
 
 FROM rust:1.95.0-bookworm AS builder

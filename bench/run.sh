@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench`: the image's release build (profile-guided, tools/pgo-build.sh: two builds and
-# a 15-second training the first time), then on 127.0.0.1 only and bounded in time:
+# a 25-second training the first time), then on 127.0.0.1 only and bounded in time:
 #   1. criterion: engine time as pods grow (benches/engine.rs), about a minute; instruction
 #      counts per review under valgrind (bench/profile.sh), about two minutes;
 #   2. bench-run: the transport ceiling, the webhook and the peer (Istio's injector, built from

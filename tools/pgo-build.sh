@@ -12,7 +12,7 @@
 #    answers the AdmissionReviews of tests/inputs/{inject,skip,deny} (the golden suite's reviews: injected,
 #    skipped and denied pods, v1 and v1beta1, /mutate and /validate; one of them also with 300
 #    and 2,000 env vars a container, for large pods) from the load generator,
-#    closed and open loop, over HTTP/1.1 and HTTP/2, about 15 s in all. Not bench/review.json:
+#    closed and open loop, over HTTP/1.1 and HTTP/2, about 25 s in all. Not bench/review.json:
 #    the benchmark's own body is not what the profile is taken from.
 # 3. Merges the profile with the llvm-profdata of rustc's LLVM and builds with -Cprofile-use
 #    into $BASE/pgo. The profile is kept under a name taken from what it was trained on (the
