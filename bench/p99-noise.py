@@ -31,18 +31,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release")
 
 
-def cpus(part):
-    """The CPU set of PIN's part (0: servers, 1: load generator), or None when PIN is unset."""
+def pinned(part):
+    """A preexec_fn pinning the child to PIN's part (0: servers, 1: load generator), or None
+    when PIN is unset."""
     pin = os.environ.get("PIN")
     if not pin:
         return None
-    return {int(c) for c in pin.split(":")[part].split(",")}
-
-
-def pinned(part):
-    """A preexec_fn that pins the child to its part of PIN (or does nothing)."""
-    chosen = cpus(part)
-    return (lambda: os.sched_setaffinity(0, chosen)) if chosen else None
+    chosen = {int(c) for c in pin.split(":")[part].split(",")}
+    return lambda: os.sched_setaffinity(0, chosen)
 
 
 def start(kind, port, tmp):

@@ -51,11 +51,11 @@ fi
 # What the profile depends on: the server's sources and templates, the lock file, the training
 # (this script and its reviews), the compiler. Not the bench programs' sources: the load
 # generator only drives the training, and none of its code is in the profile.
+# The files themselves, committed or not, in a checkout or a Docker build context alike.
 key=$({
   rustc -vV
-  paths=(src templates Cargo.lock Cargo.toml tests/inputs tools/pgo-build.sh)
-  git ls-files -s -- "${paths[@]}" 2>/dev/null || find "${paths[@]}" -type f -exec sha256sum {} +
-  git diff HEAD -- "${paths[@]}" 2>/dev/null || true
+  find src templates Cargo.lock Cargo.toml tests/inputs tools/pgo-build.sh -type f \
+    -exec sha256sum {} + | LC_ALL=C sort
 } | sha256sum | cut -c1-16)
 data="$base/pgo-data"
 profile="$data/$key.profdata"
@@ -122,6 +122,8 @@ if [[ ! -s $profile ]]; then
   compgen -G "$raw/server-*.profraw" >/dev/null \
     || { echo "tools/pgo-build.sh: the server wrote no profile" >&2; exit 1; }
   "$profdata" merge -o "$profile.tmp" "$raw"/server-*.profraw
+  # One profile kept (about 16 MB each): the sources it was trained on are gone.
+  find "$data" -maxdepth 1 -name '*.profdata' ! -name "$key.profdata" -delete
   mv "$profile.tmp" "$profile"
   rm -f "$raw"/*.profraw
   log "profile $profile ($(du -h "$profile" | cut -f1))"
