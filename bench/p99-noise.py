@@ -14,9 +14,16 @@ trial's pooled p99s and their ratio, one JSON line each. Loopback only; bounded:
 
 Uses the release binaries of `make bench` (CARGO_TARGET_DIR or target/release).
 
+Each trial's line also gives both sides' pooled p50, and for each run the server's CPU per
+request sent (user + system, all threads, warm-up included) and its threads' context switches
+per request.
+
 PIN=SERVERS:LOADGEN (CPU lists, e.g. PIN=1:0) runs the servers on the first CPUs and the load
 generator on the second, as the API server runs on other machines than a webhook in a cluster;
-unset, all share every CPU as in `make bench`.
+unset, all share every CPU as in `make bench`. LOADGEN_FIFO=N runs the load generator under
+SCHED_FIFO priority N (root), so that it never waits behind the server it measures.
+TOKIO_WORKER_THREADS=N, read by tokio, gives both servers N runtime workers (default: one per CPU
+they may run on).
 """
 
 import array
@@ -66,23 +73,62 @@ def start(kind, port, tmp):
     return proc, port, ca
 
 
+def cpu_and_switches(pid):
+    """The process's CPU seconds (user + system, all threads) and its threads' context switches
+    so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    switches = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                switches += sum(int(line.split()[-1]) for line in f if "ctxt_switches" in line)
+        except FileNotFoundError:
+            pass
+    return cpu, switches
+
+
+def loadgen_preexec():
+    """PIN's load-generator part, and with LOADGEN_FIFO=N the load generator under SCHED_FIFO
+    priority N: it then runs as soon as it wakes, as an API server on its own machine would,
+    instead of waiting behind the server it measures on the two shared cores."""
+    pin = pinned(1)
+    fifo = int(os.environ.get("LOADGEN_FIFO", "0"))
+    if not pin and not fifo:
+        return None
+
+    def apply():
+        if pin:
+            pin()
+        if fifo:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(fifo))
+    return apply
+
+
 def run(server, http, rate, path):
-    _, port, ca = server
+    proc, port, ca = server
     conns = ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
+    cpu0, switches0 = cpu_and_switches(proc.pid)
     out = subprocess.run(
         [f"{BIN}/loadgen", "--addr", f"127.0.0.1:{port}", "--ca", ca, "--http", str(http), *conns,
          "--rate", str(rate), "--duration", "6", "--warmup", "1", "--latencies", path],
-        capture_output=True, text=True, check=True, preexec_fn=pinned(1)).stdout
+        capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec()).stdout
+    cpu1, switches1 = cpu_and_switches(proc.pid)
     report = json.loads(out.strip().splitlines()[-1])
+    # Per request sent, warm-up included (the loadgen's 1 s warm-up and 6 s measured).
+    sent = rate * 7
+    report["server_cpu_us"] = (cpu1 - cpu0) / sent * 1e6
+    report["server_switches"] = (switches1 - switches0) / sent
     latencies = array.array("Q")
     with open(path, "rb") as f:
         latencies.frombytes(f.read())
     return report, latencies
 
 
-def p99_ms(samples):
+def p99_ms(samples, q=0.99):
     s = sorted(samples)
-    return s[int(len(s) * 0.99)] / 1e6
+    return s[int(len(s) * q)] / 1e6
 
 
 # The first side of each pair; the second is always the ceiling.
@@ -103,15 +149,22 @@ def main():
             for trial in range(trials):
                 pooled = [array.array("Q"), array.array("Q")]
                 given_up = [0, 0]
+                cpu, switches = [[], []], [[], []]
                 for rnd in range(rounds):
                     for side in ([0, 1] if rnd % 2 == 0 else [1, 0]):
                         report, latencies = run(servers[side], http, rate, os.path.join(tmp, "l.bin"))
                         pooled[side].extend(latencies)
                         given_up[side] += report["unsent"] + report["errors"]
+                        cpu[side].append(round(report["server_cpu_us"], 1))
+                        switches[side].append(round(report["server_switches"], 2))
                 a, b = p99_ms(pooled[0]), p99_ms(pooled[1])
                 print(json.dumps({"pair": pair, "http": http, "rate": rate, "rounds": rounds, "trial": trial,
                                   "p99_a_ms": round(a, 3), "p99_b_ms": round(b, 3),
-                                  "ratio": round(a / b, 2), "given_up": given_up}), flush=True)
+                                  "ratio": round(a / b, 2), "given_up": given_up,
+                                  "p50_a_ms": round(p99_ms(pooled[0], 0.5), 3),
+                                  "p50_b_ms": round(p99_ms(pooled[1], 0.5), 3),
+                                  "server_cpu_us_a": cpu[0], "server_cpu_us_b": cpu[1],
+                                  "switches_a": switches[0], "switches_b": switches[1]}), flush=True)
         finally:
             for proc, _, _ in servers:
                 proc.terminate()

@@ -80,6 +80,10 @@ struct Args {
     /// for a caller that pools several runs.
     #[arg(long)]
     latencies: Option<PathBuf>,
+    /// Open loop: write each answered measured request as three u64 little-endian values, in
+    /// schedule order: its slot, how late it was sent after it was due, and its latency (ns).
+    #[arg(long)]
+    timeline: Option<PathBuf>,
     /// Send one request, check it is a 200 AdmissionReview that allows with a JSONPatch, and
     /// print what came back.
     #[arg(long)]
@@ -261,6 +265,8 @@ struct Tally {
     invalid: u64,
     unsent: u64,
     latencies_ns: Vec<u64>,
+    /// Open loop: each measured request's slot, how late it was sent and its latency (ns).
+    timeline: Vec<[u64; 3]>,
     last_done: Option<Instant>,
 }
 
@@ -275,6 +281,8 @@ struct Pace {
     /// Requests still waiting for a free worker this long after the last one was due are not
     /// sent: the server is far behind, and the run must end in bounded time.
     give_up: Instant,
+    /// Whether each answered request's slot, send lag and latency are kept (`--timeline`).
+    timeline: bool,
 }
 
 impl Pace {
@@ -398,6 +406,7 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
                 interval_ns,
                 total: (rate * (args.warmup + args.duration)).round() as usize,
                 warmup_slots: (rate * args.warmup).round() as usize,
+                timeline: args.timeline.is_some(),
             });
             for sender in senders {
                 tasks.push(tokio::spawn(open_worker(
@@ -448,10 +457,21 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
         tally.invalid += t.invalid;
         tally.unsent += t.unsent;
         tally.latencies_ns.extend(t.latencies_ns);
+        tally.timeline.extend(t.timeline);
         tally.last_done = tally.last_done.max(t.last_done);
     }
     if let Some(pacer) = pacer {
         pacer.await?.context("the open loop's timer failed")?;
+    }
+    if let Some(path) = &args.timeline {
+        let mut timeline = std::mem::take(&mut tally.timeline);
+        timeline.sort_unstable();
+        let bytes: Vec<u8> = timeline
+            .iter()
+            .flatten()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(path, bytes).with_context(|| path.display().to_string())?;
     }
     let mut lat = tally.latencies_ns;
     lat.sort_unstable();
@@ -553,6 +573,13 @@ async fn open_worker(target: Arc<Target>, mut sender: Sender, pace: Arc<Pace>) -
             Ok(answer) if check_answer(&answer, &target.uid).is_err() => tally.invalid += 1,
             Ok(_) if slot >= pace.warmup_slots => {
                 tally.ok += 1;
+                if pace.timeline {
+                    tally.timeline.push([
+                        slot as u64,
+                        nanos(now.saturating_duration_since(due)),
+                        nanos(done.saturating_duration_since(due)),
+                    ]);
+                }
                 tally
                     .latencies_ns
                     .push(nanos(done.saturating_duration_since(due)));
@@ -624,6 +651,7 @@ mod tests {
             total,
             warmup_slots: 0,
             give_up: start + Duration::from_secs(10),
+            timeline: false,
         }
     }
 

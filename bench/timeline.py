@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""Where an open-loop run's tail came from: `loadgen --timeline FILE` in 10-ms windows of the
+schedule.
+
+    python3 bench/timeline.py FILE RATE [MS]      (MS: the threshold a window is shown at, 2)
+
+Prints the run's p50 and p99, then each window whose slowest request took MS or more: how many
+requests were due in it, the slowest one's latency, and how late the latest of them was sent
+after it was due. A latency that is mostly send lag waited in the load generator for a free
+connection (every one held by a request the server had not answered); a tail that climbs
+window after window is a backlog the server drained slower than requests came, not one stall.
+"""
+
+import array
+import sys
+
+
+def main():
+    if len(sys.argv) not in (3, 4):
+        sys.exit(__doc__)
+    path, rate = sys.argv[1], float(sys.argv[2])
+    threshold_ns = float(sys.argv[3] if len(sys.argv) == 4 else 2) * 1e6
+    values = array.array("Q")
+    with open(path, "rb") as f:
+        values.frombytes(f.read())
+    if len(values) % 3 or not values:
+        sys.exit(f"{path}: not a loadgen --timeline file")
+    rows = [values[i:i + 3] for i in range(0, len(values), 3)]
+    latencies = sorted(row[2] for row in rows)
+    print(f"requests {len(rows)}  p50 {latencies[len(latencies) // 2] / 1e6:.3f} ms  "
+          f"p99 {latencies[int(len(latencies) * 0.99)] / 1e6:.3f} ms")
+    windows = {}
+    for slot, lag, latency in rows:
+        window = windows.setdefault(int(slot / rate * 100), [0, 0, 0])
+        window[0] += 1
+        window[1] = max(window[1], latency)
+        window[2] = max(window[2], lag)
+    slow = [(k, w) for k, w in sorted(windows.items()) if w[1] >= threshold_ns]
+    print(f"windows of 10 ms at or over {threshold_ns / 1e6:g} ms: {len(slow)} of {len(windows)}")
+    for k, (count, latency, lag) in slow:
+        print(f"  {k * 10:6d} ms  due {count:5d}  slowest {latency / 1e6:8.2f} ms  "
+              f"latest send {lag / 1e6:8.2f} ms late")
+
+
+if __name__ == "__main__":
+    main()
