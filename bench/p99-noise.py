@@ -106,18 +106,22 @@ def loadgen_preexec():
     return apply
 
 
+# Seconds of each open-loop run: warm-up, then measured.
+WARMUP, DURATION = 1, 6
+
+
 def run(server, http, rate, path):
     proc, port, ca = server
     conns = ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
     cpu0, switches0 = cpu_and_switches(proc.pid)
     out = subprocess.run(
         [f"{BIN}/loadgen", "--addr", f"127.0.0.1:{port}", "--ca", ca, "--http", str(http), *conns,
-         "--rate", str(rate), "--duration", "6", "--warmup", "1", "--latencies", path],
+         "--rate", str(rate), "--duration", str(DURATION), "--warmup", str(WARMUP), "--latencies", path],
         capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec()).stdout
     cpu1, switches1 = cpu_and_switches(proc.pid)
     report = json.loads(out.strip().splitlines()[-1])
-    # Per request sent, warm-up included (the loadgen's 1 s warm-up and 6 s measured).
-    sent = rate * 7
+    # Per request sent, warm-up included.
+    sent = rate * (WARMUP + DURATION)
     report["server_cpu_us"] = (cpu1 - cpu0) / sent * 1e6
     report["server_switches"] = (switches1 - switches0) / sent
     latencies = array.array("Q")
@@ -126,9 +130,9 @@ def run(server, http, rate, path):
     return report, latencies
 
 
-def p99_ms(samples, q=0.99):
+def percentiles_ms(samples, *qs):
     s = sorted(samples)
-    return s[int(len(s) * q)] / 1e6
+    return [s[int(len(s) * q)] / 1e6 for q in qs]
 
 
 # The first side of each pair; the second is always the ceiling.
@@ -157,12 +161,11 @@ def main():
                         given_up[side] += report["unsent"] + report["errors"]
                         cpu[side].append(round(report["server_cpu_us"], 1))
                         switches[side].append(round(report["server_switches"], 2))
-                a, b = p99_ms(pooled[0]), p99_ms(pooled[1])
+                (a, a50), (b, b50) = (percentiles_ms(side, 0.99, 0.5) for side in pooled)
                 print(json.dumps({"pair": pair, "http": http, "rate": rate, "rounds": rounds, "trial": trial,
                                   "p99_a_ms": round(a, 3), "p99_b_ms": round(b, 3),
                                   "ratio": round(a / b, 2), "given_up": given_up,
-                                  "p50_a_ms": round(p99_ms(pooled[0], 0.5), 3),
-                                  "p50_b_ms": round(p99_ms(pooled[1], 0.5), 3),
+                                  "p50_a_ms": round(a50, 3), "p50_b_ms": round(b50, 3),
                                   "server_cpu_us_a": cpu[0], "server_cpu_us_b": cpu[1],
                                   "switches_a": switches[0], "switches_b": switches[1]}), flush=True)
         finally:

@@ -5,8 +5,8 @@ schedule.
     python3 bench/timeline.py FILE RATE [MS]      (MS: the threshold a window is shown at, 2)
 
 Prints the run's p50 and p99, then each window whose slowest request took MS or more: how many
-requests were due in it, the slowest one's latency, and how late the latest of them was sent
-after it was due. A latency that is mostly send lag waited in the load generator for a free
+requests were due in it, the slowest one's latency, and the largest send lag among them (how
+long after it was due a request was sent). A latency that is mostly send lag waited in the load generator for a free
 connection (every one held by a request the server had not answered); a tail that climbs
 window after window is a backlog the server drained slower than requests came, not one stall.
 """
@@ -39,7 +39,7 @@ def main():
     print(f"windows of 10 ms at or over {threshold_ns / 1e6:g} ms: {len(slow)} of {len(windows)}")
     for k, (count, latency, lag) in slow:
         print(f"  {k * 10:6d} ms  due {count:5d}  slowest {latency / 1e6:8.2f} ms  "
-              f"latest send {lag / 1e6:8.2f} ms late")
+              f"largest send lag {lag / 1e6:8.2f} ms")
 
 
 if __name__ == "__main__":
