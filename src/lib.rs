@@ -20,7 +20,7 @@ pub mod load;
 pub mod server;
 
 pub use engine::{
-    config, explain, inject, manifest, outdated, overrides, review, template, validate, view,
+    config, explain, inject, manifest, memo, outdated, overrides, review, template, validate, view,
 };
 
 /// Every binary of the project (the server and CLI, the benchmarks, the tests) allocates with

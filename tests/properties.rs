@@ -6,7 +6,10 @@
 //!    a sidecar or had a sidecar's image changed;
 //! 4. `review::answer` never panics, and answers with JSON or an error, whatever the bytes;
 //! 5. `outdated` judges a pod the mutator just injected current, and does not list a pod the
-//!    injector passed over.
+//!    injector passed over;
+//! 6. the borrowed view and the typed road answer alike, on hostile bodies too;
+//! 7. a warm render cache answers as a cold one;
+//! 8. the memory of recent answers answers as the engine.
 
 use std::collections::BTreeSet;
 
@@ -1045,5 +1048,95 @@ proptest! {
                 prop_assert_eq!(warm, text(answer(&cold, webhook, &body)), "{:?}", webhook);
             }
         }
+    }
+}
+
+// === 8. The memory of recent answers answers as the engine ===
+//
+// `memo::Memo` answers a body that equals a remembered one outside `request.uid` from memory.
+// On every body of property 6 (hostile ones included: a key written twice, an escaped uid) and
+// on the same body with another uid (plain, or one that needs escaping), it must answer what
+// `review::answer_for` answers, and a plain uid on a clean body must come from memory (else
+// the memory is not doing its work).
+
+thread_local! {
+    static SHARED: [std::sync::Arc<Injector>; 2] =
+        [std::sync::Arc::new(embedded()), std::sync::Arc::new(marks())];
+}
+
+const UID: &str = "d0c9a8b7-6e5f-4d3c-8b2a-1f0e9d8c7b6a";
+
+fn another_uid() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => "[a-zA-Z0-9 ._:-]{0,40}",
+        1 => "[a-z]{0,4}[\"\\\\é\u{1}][a-z]{0,4}",
+    ]
+}
+
+fn same_as_the_engine(
+    memo: &sidecar_injector::memo::Memo,
+    inj: &std::sync::Arc<Injector>,
+    webhook: Webhook,
+    entry: sidecar_injector::inject::Entry,
+    body: &[u8],
+) -> Result<sidecar_injector::memo::Recall, TestCaseError> {
+    let (recalled, how) = memo.answer(inj, webhook, entry, body);
+    let reviewed = sidecar_injector::review::answer_for(inj, webhook, entry, body);
+    match (recalled, reviewed) {
+        (Ok(m), Ok(r)) => {
+            prop_assert_eq!(
+                String::from_utf8_lossy(&m.body),
+                String::from_utf8_lossy(&r.body),
+                "{:?}",
+                how
+            );
+            prop_assert_eq!(m.outcome, r.outcome);
+            prop_assert_eq!(&m.summary, &r.summary);
+            prop_assert_eq!(&m.injected, &r.injected);
+        }
+        (Err(m), Err(r)) => prop_assert_eq!(m.to_string(), r.to_string()),
+        (m, r) => prop_assert!(false, "memory {:?}, engine {:?}", m.is_ok(), r.is_ok()),
+    }
+    Ok(how)
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn the_memory_answers_as_the_engine(
+        (body, clean, what) in two_roads_review(),
+        uid in another_uid(),
+        which in 0usize..2,
+    ) {
+        use sidecar_injector::inject::Entry;
+        use sidecar_injector::memo::{Memo, Recall};
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let plain_uid = !uid.contains(['"', '\\', 'é', '\u{1}']);
+        // The body with `uid` written (escaped as JSON escapes it) where the first one was.
+        let quoted = serde_json::to_string(&uid).expect("a string");
+        let again = text.replacen(&format!("\"{UID}\""), &quoted, 1).into_bytes();
+        SHARED.with(|shared| -> Result<(), TestCaseError> {
+            let inj = &shared[which];
+            for webhook in [Webhook::Mutate, Webhook::Validate] {
+                for entry in [Entry::Pod, Entry::Namespace] {
+                    let memo = Memo::new(4);
+                    let first = same_as_the_engine(&memo, inj, webhook, entry, &body)?;
+                    let second = same_as_the_engine(&memo, inj, webhook, entry, &again)?;
+                    same_as_the_engine(&memo, inj, webhook, entry, &clean)?;
+                    if what.starts_with("None") && plain_uid {
+                        prop_assert_eq!(first, Recall::Miss, "{}", what);
+                        prop_assert_eq!(second, Recall::Hit, "{}", what);
+                    }
+                    // Another injector (a reload) is never answered from this one's memory.
+                    let other = &shared[1 - which];
+                    prop_assert_ne!(
+                        same_as_the_engine(&memo, other, webhook, entry, &again)?,
+                        Recall::Hit
+                    );
+                }
+            }
+            Ok(())
+        })?;
     }
 }

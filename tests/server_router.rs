@@ -22,6 +22,7 @@ fn state() -> Arc<State> {
         Injector::embedded(None).unwrap(),
         256 * 1024,
         Duration::from_millis(500),
+        sidecar_injector::memo::DEFAULT_ENTRIES,
     ))
 }
 
@@ -71,6 +72,38 @@ async fn mutate_answers_the_same_bytes_as_review() {
 
 /// Each injection counts once per template, labelled with the template's hash; validation and
 /// pods that are not injected count nothing.
+#[tokio::test]
+async fn a_replica_is_answered_from_memory_with_the_bytes_a_review_writes() {
+    let s = state();
+    let inj = Injector::embedded(None).unwrap();
+    for (uid, result) in [("uid-1", "miss"), ("uid-2", "hit"), ("uid-3", "hit")] {
+        let body = server_support::review(uid);
+        let (status, _, bytes) = call(&s, post("/mutate", body.clone())).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(bytes, answer(&inj, Webhook::Mutate, &body).unwrap().body);
+        let line = format!(r#"sidecar_injector_review_memo_total{{result="{result}"}}"#);
+        assert!(s.metrics.encode().contains(&line), "{line}");
+    }
+    let metrics = s.metrics.encode();
+    assert!(metrics.contains(r#"sidecar_injector_review_memo_total{result="hit"} 2"#));
+    assert!(
+        metrics
+            .contains(r#"sidecar_injector_reviews_total{webhook="mutate",outcome="injected"} 3"#)
+    );
+    // A reload starts the memory over.
+    s.injector
+        .store(Arc::new(Injector::embedded(None).unwrap()));
+    s.memo.clear();
+    let body = server_support::review("uid-4");
+    let (_, _, bytes) = call(&s, post("/mutate", body.clone())).await;
+    assert_eq!(bytes, answer(&inj, Webhook::Mutate, &body).unwrap().body);
+    assert!(
+        s.metrics
+            .encode()
+            .contains(r#"sidecar_injector_review_memo_total{result="miss"} 2"#)
+    );
+}
+
 #[tokio::test]
 async fn injections_are_counted_per_template_and_hash() {
     let s = state();

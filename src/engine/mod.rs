@@ -11,6 +11,7 @@ pub mod explain;
 pub mod inject;
 pub mod json;
 pub mod manifest;
+pub mod memo;
 pub mod outdated;
 pub mod overrides;
 pub mod review;

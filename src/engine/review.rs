@@ -1,6 +1,9 @@
 //! AdmissionReview in, AdmissionReview out: the one function the server and the CLI both call,
 //! so `sidecar-injector review` prints exactly the bytes `serve` answers.
 
+use std::borrow::Cow;
+use std::ops::Range;
+
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::core::Status;
@@ -61,7 +64,7 @@ impl Outcome {
 /// The request's identity, for the events a review logs: its uid, namespace, pod name (for a
 /// pod still to be named, its `generateName` and `*`) and operation, kept in one string (one
 /// allocation a review, where four strings were four).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Summary {
     text: String,
     /// Where the uid, the namespace and the name end in `text`; the operation is the rest.
@@ -89,6 +92,18 @@ impl Summary {
 
     pub fn uid(&self) -> &str {
         &self.text[..self.ends[0]]
+    }
+
+    /// The same summary for a request with another uid.
+    pub fn with_uid(&self, uid: &str) -> Self {
+        let old = self.ends[0];
+        let mut text = String::with_capacity(self.text.len() - old + uid.len());
+        text.push_str(uid);
+        text.push_str(&self.text[old..]);
+        Self {
+            text,
+            ends: self.ends.map(|end| end - old + uid.len()),
+        }
     }
 
     pub fn namespace(&self) -> &str {
@@ -167,6 +182,19 @@ pub fn answer_for(
     entry: Entry,
     body: &[u8],
 ) -> Result<Answer, ReviewError> {
+    answer_located(inj, webhook, entry, body).0
+}
+
+/// [`answer_for`], and where in `body` the answer's uid was read, when the view read it as it
+/// is written there (no escapes): then the answer depends on those bytes only by echoing them,
+/// which is what lets [`super::memo`] answer a body that differs from this one only there.
+/// `None` when the uid was unescaped into a copy, or the answer came by the typed road.
+pub fn answer_located(
+    inj: &Injector,
+    webhook: Webhook,
+    entry: Entry,
+    body: &[u8],
+) -> (Result<Answer, ReviewError>, Option<Range<usize>>) {
     // A body that is UTF-8 is read as a string: its strings need no second check.
     if let Ok(text) = simdutf8::basic::from_utf8(body)
         && let Ok(review) = ReviewView::parse(text)
@@ -186,10 +214,25 @@ pub fn answer_for(
             old_object: req.old_object.as_deref(),
         };
         if let Ok(answer) = respond(inj, webhook, entry, &r) {
-            return Ok(answer);
+            let at = match &req.uid.0 {
+                Cow::Borrowed(uid) => span_in(text, uid),
+                Cow::Owned(_) => None,
+            };
+            return (Ok(answer), at);
         }
     }
-    answer_typed(inj, webhook, entry, body)
+    (answer_typed(inj, webhook, entry, body), None)
+}
+
+/// Where `part`, a slice of `whole`, sits in it.
+fn span_in(whole: &str, part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    let range = start..start + part.len();
+    // Proves `part` borrowed from `whole` (an equal string elsewhere would not pass).
+    whole
+        .get(range.clone())
+        .filter(|s| std::ptr::eq(s.as_ptr(), part.as_ptr()))
+        .map(|_| range)
 }
 
 /// The typed road (see [`answer_for`]). Public so that tests can hold the two roads equal.

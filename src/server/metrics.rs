@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::engine::memo::Recall;
 use crate::engine::review::{Outcome, Webhook};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +32,11 @@ struct WebhookLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
     kind: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RecallLabel {
     result: &'static str,
 }
 
@@ -56,6 +62,16 @@ fn webhook_index(webhook: Webhook) -> usize {
     }
 }
 
+const RECALLS: usize = 3;
+
+fn recall_index(recall: Recall) -> usize {
+    match recall {
+        Recall::Hit => 0,
+        Recall::Miss => 1,
+        Recall::Unkept => 2,
+    }
+}
+
 fn outcome_index(outcome: Outcome) -> usize {
     match outcome {
         Outcome::Injected => 0,
@@ -71,6 +87,7 @@ fn outcome_index(outcome: Outcome) -> usize {
 struct Handles {
     reviews: [[OnceLock<Counter>; OUTCOMES]; WEBHOOKS],
     latency: [OnceLock<Histogram>; WEBHOOKS],
+    recalls: [OnceLock<Counter>; RECALLS],
     /// By template name and hash (foldhash, not SipHash); a new configuration adds its own.
     injections: Mutex<foldhash::HashMap<TemplateLabels, Counter>>,
 }
@@ -106,6 +123,7 @@ pub struct Metrics {
     latency: Family<WebhookLabel, Histogram>,
     reloads: Family<ReloadLabels, Counter>,
     rejected: Family<RejectLabel, Counter>,
+    recalls: Family<RecallLabel, Counter>,
     injections: Family<TemplateLabels, Counter>,
     cert_expiry: Gauge,
     handles: Handles,
@@ -151,6 +169,12 @@ impl Default for Metrics {
             "HTTP requests refused before review (404, 405, 400, 408, 413)",
             rejected.clone(),
         );
+        let recalls = Family::<RecallLabel, Counter>::default();
+        registry.register(
+            "review_memo",
+            "Reviews by whether the answer came from the memory of recent answers (hit), was reviewed and remembered (miss), or was reviewed in a shape the memory does not keep, or with it off (unkept)",
+            recalls.clone(),
+        );
         let injections = Family::<TemplateLabels, Counter>::default();
         registry.register(
             "injections",
@@ -176,6 +200,7 @@ impl Default for Metrics {
             latency,
             reloads,
             rejected,
+            recalls,
             injections,
             cert_expiry,
             handles: Handles::default(),
@@ -238,6 +263,19 @@ impl Metrics {
             }
             handles.insert(labels, counter);
         }
+    }
+
+    /// Whether a review's answer came from memory ([`crate::engine::memo`]).
+    pub fn recall(&self, recall: Recall) {
+        self.handles.recalls[recall_index(recall)]
+            .get_or_init(|| {
+                self.recalls
+                    .get_or_create(&RecallLabel {
+                        result: recall.as_str(),
+                    })
+                    .clone()
+            })
+            .inc();
     }
 
     pub fn rejected(&self, code: u16) {

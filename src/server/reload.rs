@@ -191,6 +191,7 @@ impl Reloader {
         match sources.build(crate::load::own_namespace()) {
             Ok(injector) => {
                 self.state.injector.store(Arc::new(injector));
+                self.state.memo.clear();
                 *tracked = Tracked::new(fingerprint);
                 self.state.metrics.reload(ReloadKind::Config, true);
                 tracing::info!(config = %path.display(), "configuration and templates reloaded");

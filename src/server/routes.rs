@@ -14,6 +14,7 @@ use hyper::body::Body;
 
 use crate::engine::config::Injector;
 use crate::engine::inject::Entry;
+use crate::engine::memo::Memo;
 use crate::engine::review::{self, Outcome, Webhook};
 use crate::server::metrics::Metrics;
 
@@ -21,6 +22,8 @@ use crate::server::metrics::Metrics;
 #[derive(Debug)]
 pub struct State {
     pub injector: ArcSwap<Injector>,
+    /// Recent answers, by body: a replica like one just answered is not reviewed again.
+    pub memo: Memo,
     pub metrics: Metrics,
     /// Set on SIGTERM: readiness fails at once so the endpoint is taken out of rotation.
     pub draining: AtomicBool,
@@ -29,9 +32,16 @@ pub struct State {
 }
 
 impl State {
-    pub fn new(injector: Injector, max_body_bytes: usize, request_timeout: Duration) -> Self {
+    /// `memo_entries`: how many recent answers to keep (0: none).
+    pub fn new(
+        injector: Injector,
+        max_body_bytes: usize,
+        request_timeout: Duration,
+        memo_entries: usize,
+    ) -> Self {
         Self {
             injector: ArcSwap::from_pointee(injector),
+            memo: Memo::new(memo_entries),
             metrics: Metrics::default(),
             draining: AtomicBool::new(false),
             max_body_bytes,
@@ -148,7 +158,9 @@ fn review_body(state: &State, webhook: Webhook, entry: Entry, body: &[u8]) -> Ht
     let started = Instant::now();
     let injector = state.injector.load();
     let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        review::answer_for(&injector, webhook, entry, body)
+        let (answer, recall) = state.memo.answer(&injector, webhook, entry, body);
+        state.metrics.recall(recall);
+        answer
     }));
     let elapsed = started.elapsed().as_secs_f64();
     let (webhook_name, entry_name) = (webhook.as_str(), entry.as_str());
