@@ -29,9 +29,11 @@ per() { echo $(( ($(total "$2") - $(total "$1")) / $3 )); }
 callgrind() { local file=$1; shift; valgrind --tool=callgrind --callgrind-out-file="$file" "$@" 2>>"$out/valgrind.log"; }
 
 # The engine: one review (start-up included) against 1 + ITERATIONS reviews.
-for pod in typical typical-distinct typical-namespace 2x2000 env1000 env10000; do
+for pod in typical typical-memo typical-distinct typical-namespace 2x2000 env1000 env10000; do
   case $pod in
     typical) args=() ;;
+    # The server's memory of answers: the same pod with another uid each time (a replica).
+    typical-memo) args=(--memo) ;;
     # Every review the first pod of a new ReplicaSet (its pod-template-hash and generateName).
     typical-distinct) args=(--distinct $((iterations + 1))) ;;
     # Every review in a new namespace, which the bundled templates read: every template renders
@@ -110,6 +112,7 @@ for kind in webhook ceiling; do
 done
 
 typical=$(per "$out/engine-typical-1.out" "$out/engine-typical-n.out" "$iterations")
+memo=$(per "$out/engine-typical-memo-1.out" "$out/engine-typical-memo-n.out" "$iterations")
 distinct=$(per "$out/engine-typical-distinct-1.out" "$out/engine-typical-distinct-n.out" "$iterations")
 namespace=$(per "$out/engine-typical-namespace-1.out" "$out/engine-typical-namespace-n.out" "$iterations")
 large=$(per "$out/engine-2x2000-1.out" "$out/engine-2x2000-n.out" "$iterations")
@@ -118,7 +121,7 @@ env10000=$(per "$out/engine-env10000-1.out" "$out/engine-env10000-n.out" "$itera
 webhook=$(per "$out/webhook-0.out" "$out/webhook-$n.out" "$n")
 ceiling=$(per "$out/ceiling-0.out" "$out/ceiling-$n.out" "$n")
 cat > "$out/instructions.json" <<JSON
-{"engine_typical": $typical, "engine_typical_distinct": $distinct,
+{"engine_typical": $typical, "memo_typical": $memo, "engine_typical_distinct": $distinct,
  "engine_typical_new_namespace": $namespace, "engine_2x2000": $large,
  "engine_env_1000": $env1000, "engine_env_10000": $env10000,
  "engine_typical_cold_code_lines": $cold_code, "engine_typical_cold_data_lines": $cold_data,
@@ -126,12 +129,13 @@ cat > "$out/instructions.json" <<JSON
 JSON
 echo "instructions per review (valgrind callgrind, Ir)"
 echo "  engine, typical pod:       $typical"
+echo "  memory of answers, typical pod again with another uid: $memo"
 echo "  engine, typical, new ReplicaSet: $distinct"
 echo "  engine, typical, new namespace:  $namespace  (every template renders)"
 echo "  engine, 2 x 2,000 env pod: $large"
 echo "  engine, 1,000 / 10,000 env: $env1000 / $env10000"
 echo "  engine, typical pod, cold: $cold_code lines of code and $cold_data of data from memory (64-byte lines missed in a 2 MiB cache)"
-echo "  webhook, whole process:    $webhook  (HTTP/1.1, 2 connections, $n requests after a first one)"
+echo "  webhook, whole process:    $webhook  (HTTP/1.1, 2 connections, $n requests after a first one, each with a uid of its own: answered from memory)"
 echo "  ceiling, whole process:    $ceiling"
 echo "  (also in $out/instructions.json)"
 echo "profiles: $out/*.out (callgrind_annotate --inclusive=yes FILE | less)"

@@ -1,7 +1,9 @@
 //! Engine cost as pods grow: `review::answer` for the mutating webhook, in process, on prepared
 //! AdmissionReview bodies (the typical pod of `bench/review.json`, then the same pod with its
 //! first container's env replaced by 10 … 10,000 variables, and with 2,000 in each of its two
-//! containers). Timing only: nothing here asserts on time.
+//! containers). Timing only: nothing here asserts on time. `typical_memo` is the typical pod
+//! again with another uid each time, answered by the server's memory of answers
+//! (`memo::Memo`), as a rollout's replicas are.
 
 use std::time::Duration;
 
@@ -9,6 +11,8 @@ use anyhow::{Context as _, ensure};
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
 use sidecar_injector::config::Injector;
+use sidecar_injector::inject::Entry;
+use sidecar_injector::memo::{Memo, Recall};
 use sidecar_injector::review::{self, Outcome, Webhook};
 
 const REVIEW: &str = include_str!("../bench/review.json");
@@ -114,6 +118,52 @@ fn engine_distinct(c: &mut Criterion) {
         });
 }
 
+/// The typical review with `count` different uids: the same pod, as a rollout's replicas are.
+fn replicas(count: usize) -> anyhow::Result<Vec<Vec<u8>>> {
+    let typical: Value = serde_json::from_str(REVIEW)?;
+    (0..count)
+        .map(|i| {
+            let mut review = typical.clone();
+            review["request"]["uid"] = json!(format!("0f6b4a4e-6f1c-4a63-9a1e-{i:012x}"));
+            Ok(serde_json::to_vec(&review)?)
+        })
+        .collect()
+}
+
+fn engine_memo(c: &mut Criterion) {
+    let prepared = Injector::embedded(None)
+        .map_err(anyhow::Error::from)
+        .and_then(|injector| Ok((std::sync::Arc::new(injector), replicas(1_000)?)));
+    let (injector, bodies) = match prepared {
+        Ok(prepared) => prepared,
+        Err(error) => {
+            eprintln!("cannot prepare the engine benches: {error:#}");
+            std::process::exit(1);
+        }
+    };
+    let memo = Memo::new(sidecar_injector::memo::DEFAULT_ENTRIES);
+    let (_, recall) = memo.answer(&injector, Webhook::Mutate, Entry::Pod, &bodies[0]);
+    if recall != Recall::Miss {
+        eprintln!("the memory of answers did not take the typical review: {recall:?}");
+        std::process::exit(1);
+    }
+    let mut next = 0;
+    c.benchmark_group("mutate")
+        .bench_function("typical_memo", |b| {
+            b.iter(|| {
+                next = (next + 1) % bodies.len();
+                let (answer, recall) = memo.answer(
+                    &injector,
+                    Webhook::Mutate,
+                    Entry::Pod,
+                    std::hint::black_box(&bodies[next]),
+                );
+                assert_eq!(recall, Recall::Hit);
+                answer
+            })
+        });
+}
+
 fn engine(c: &mut Criterion) {
     let (injector, cases) = match prepare() {
         Ok(prepared) => prepared,
@@ -139,6 +189,6 @@ criterion_group! {
         .measurement_time(Duration::from_secs(3))
         .sample_size(30)
         .without_plots();
-    targets = engine, engine_distinct
+    targets = engine, engine_distinct, engine_memo
 }
 criterion_main!(benches);

@@ -12,7 +12,9 @@
 #    answers the AdmissionReviews of tests/inputs/{inject,skip,deny} (the golden suite's reviews: injected,
 #    skipped and denied pods, v1 and v1beta1, /mutate and /validate; one of them also with 300
 #    and 2,000 env vars a container, for large pods) from the load generator,
-#    closed and open loop, over HTTP/1.1 and HTTP/2, about 25 s in all. Not bench/review.json:
+#    closed and open loop, over HTTP/1.1 and HTTP/2, about 25 s in all, with its memory of
+#    answers off so that every review is read; then a server with the memory on answers the
+#    same reviews again and again for about 5 s (its memory at work). Not bench/review.json:
 #    the benchmark's own body is not what the profile is taken from.
 # 3. Merges the profile with the llvm-profdata of rustc's LLVM and builds with -Cprofile-use
 #    into $BASE/pgo. The profile is kept under a name taken from what it was trained on (the
@@ -79,11 +81,6 @@ if [[ ! -s $profile ]]; then
   }
   trap cleanup EXIT
   port=$((20000 + RANDOM % 20000))
-  log "training on 127.0.0.1:$port"
-  LLVM_PROFILE_FILE="$raw/server-%p.profraw" RUST_LOG=error "$bin/sidecar-injector" serve \
-    --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
-    --dev-ca-file "$tmp/ca.pem" >"$tmp/serve.log" 2>&1 &
-  server=$!
   # The load generator's own profile is not wanted: it goes to the scratch directory.
   load() {
     LLVM_PROFILE_FILE="$tmp/loadgen-%p.profraw" "$bin/loadgen" --addr "127.0.0.1:$port" \
@@ -92,16 +89,33 @@ if [[ ! -s $profile ]]; then
   train() {
     load "$@" || { cat "$tmp/load.log" >&2; echo "tools/pgo-build.sh: training failed: loadgen $*" >&2; exit 1; }
   }
-  started=false
-  for _ in $(seq 200); do
-    if [[ -s $tmp/ca.pem ]] && load --check --body tests/inputs/inject/pod-v1.json; then
-      started=true
-      break
-    fi
-    sleep 0.05
-  done
-  $started || { cat "$tmp/serve.log" >&2; echo "tools/pgo-build.sh: the server did not start" >&2; exit 1; }
+  # A server with the given flags, on $port, once it answers.
+  start_server() {
+    rm -f "$tmp/ca.pem"
+    LLVM_PROFILE_FILE="$raw/server-%p.profraw" RUST_LOG=error "$bin/sidecar-injector" serve \
+      --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$((port + 1))" \
+      --dev-ca-file "$tmp/ca.pem" "$@" >"$tmp/serve.log" 2>&1 &
+    server=$!
+    local started=false
+    for _ in $(seq 200); do
+      if [[ -s $tmp/ca.pem ]] && load --check --body tests/inputs/inject/pod-v1.json; then
+        started=true
+        break
+      fi
+      sleep 0.05
+    done
+    $started || { cat "$tmp/serve.log" >&2; echo "tools/pgo-build.sh: the server did not start" >&2; exit 1; }
+  }
+  stop_server() {
+    kill -TERM "$server"
+    wait "$server" || { echo "tools/pgo-build.sh: the trained server did not exit cleanly" >&2; exit 1; }
+    server=""
+  }
   reviews=(tests/inputs/{inject,skip,deny}/*.json)
+  # The engine, with the memory of answers off: the load generator sends one body again and
+  # again (a fresh uid each time), which the memory would answer without reading it.
+  log "training on 127.0.0.1:$port: the engine"
+  start_server --memo-entries 0
   for review in "${reviews[@]}"; do
     for path in /mutate /validate; do
       train --path "$path" --body "$review" --duration 0.25
@@ -116,9 +130,16 @@ if [[ ! -s $profile ]]; then
     train --body tests/inputs/inject/pod-v1.json --pad-env "$count" --duration 1
     train --body tests/inputs/inject/pod-v1.json --pad-env "$count" --duration 0.5 --path /validate
   done
-  kill -TERM "$server"
-  wait "$server" || { echo "tools/pgo-build.sh: the trained server did not exit cleanly" >&2; exit 1; }
-  server=""
+  stop_server
+  # The memory of answers, as a rollout's replicas meet it.
+  log "training on 127.0.0.1:$port: the memory of answers"
+  start_server
+  for review in "${reviews[@]}"; do
+    train --body "$review" --duration 0.1
+    train --body "$review" --duration 0.1 --http 2 --connections 2 --streams 8
+    train --body "$review" --duration 0.1 --rate 3000 --path /validate
+  done
+  stop_server
   compgen -G "$raw/server-*.profraw" >/dev/null \
     || { echo "tools/pgo-build.sh: the server wrote no profile" >&2; exit 1; }
   "$profdata" merge -o "$profile.tmp" "$raw"/server-*.profraw

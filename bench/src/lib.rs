@@ -101,6 +101,15 @@ pub fn request_uid(body: &[u8]) -> anyhow::Result<String> {
         .context("body has no request.uid")
 }
 
+/// `uid` with its last (up to 12) characters replaced by `n` in hexadecimal: as long as `uid`,
+/// and another for every `n` below 16^12.
+pub fn numbered_uid(uid: &str, n: u64) -> String {
+    let digits = uid.chars().rev().take(12).count();
+    let keep: String = uid.chars().take(uid.chars().count() - digits).collect();
+    let hex = format!("{n:0digits$x}");
+    format!("{keep}{}", &hex[hex.len() - digits..])
+}
+
 /// A free port on 127.0.0.1 (bound, then released for the server about to be started).
 pub fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind(SocketAddr::new(LOOPBACK, 0))?;
@@ -256,6 +265,19 @@ pub fn percentile_ms(sorted_ns: &[u64], q: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_request_gets_a_uid_of_its_own_as_long_as_the_body_s() {
+        let uid = "0f6b4a4e-6f1c-4a63-9a1e-3c0d1b2c7e55";
+        assert_eq!(numbered_uid(uid, 0), "0f6b4a4e-6f1c-4a63-9a1e-000000000000");
+        assert_eq!(
+            numbered_uid(uid, 0xabc),
+            "0f6b4a4e-6f1c-4a63-9a1e-000000000abc"
+        );
+        assert_eq!(numbered_uid("u1", 0x1f), "1f");
+        assert_eq!(numbered_uid("u1", 0x100), "00");
+        assert_ne!(numbered_uid(uid, 1), numbered_uid(uid, 2));
+    }
 
     #[test]
     fn percentiles_use_nearest_rank() {

@@ -123,6 +123,8 @@ struct Latency {
     rate: f64,
     hook: LoadReport,
     ceil: LoadReport,
+    /// The webhook with its memory of answers off: every review read in full.
+    unmemo: LoadReport,
     /// Half the webhook's own saturation rate.
     own_rate: f64,
     own: LoadReport,
@@ -363,8 +365,24 @@ fn main() -> anyhow::Result<()> {
         &cert,
         &key,
         &tmp.join("webhook.log"),
+        &[],
     )?;
     let first_ready = wait_ready(&mut webhook, admin_port, webhook_start)?;
+    // The same webhook with its memory of answers off, so that every review is read in full:
+    // the bench sends one pod over and over (with a fresh uid each time, as the API server
+    // gives each request), which is what a rollout sends, and the memory answers all of them
+    // but the first. This row says what the same load costs when no pod repeats.
+    let (unmemo_port, unmemo_admin) = (free_port()?, free_port()?);
+    let mut unmemo = spawn_webhook(
+        &webhook_bin,
+        unmemo_port,
+        unmemo_admin,
+        &cert,
+        &key,
+        &tmp.join("webhook-memo-off.log"),
+        &["--memo-entries", "0"],
+    )?;
+    wait_ready(&mut unmemo, unmemo_admin, Instant::now())?;
     wait_listening(&mut ceiling, ceiling_port, Duration::from_secs(10))?;
     eprintln!(
         "webhook ready in {:.1} ms; checking first answers",
@@ -378,6 +396,11 @@ fn main() -> anyhow::Result<()> {
     let webhook_ep = Endpoint {
         name: "webhook",
         port: webhook_port,
+        path: "/mutate",
+    };
+    let unmemo_ep = Endpoint {
+        name: "webhook-memo-off",
+        port: unmemo_port,
         path: "/mutate",
     };
 
@@ -423,7 +446,7 @@ fn main() -> anyhow::Result<()> {
         &large_body,
         review_with_env(&[bench.args.large_env, bench.args.large_env])?,
     )?;
-    for ep in [Some(webhook_ep), Some(ceiling_ep), peer_ep]
+    for ep in [Some(webhook_ep), Some(unmemo_ep), Some(ceiling_ep), peer_ep]
         .into_iter()
         .flatten()
     {
@@ -460,12 +483,12 @@ fn main() -> anyhow::Result<()> {
         None => Err("no peer".to_owned()),
     };
 
-    let mut servers = vec![(0, ceiling_ep), (1, webhook_ep)];
+    let mut servers = vec![(0, ceiling_ep), (1, webhook_ep), (3, unmemo_ep)];
     if let Some(ep) = peer_ep {
         servers.push((2, ep));
     }
     eprintln!("saturation (closed loop), best of {}:", bench.args.rounds);
-    let mut best = [[0.0_f64; 2]; 3]; // [ceiling, webhook, istio][h1, h2]
+    let mut best = [[0.0_f64; 2]; 4]; // [ceiling, webhook, istio, webhook memo off][h1, h2]
     let mut errors = 0;
     for round in 0..bench.args.rounds {
         let mut order: Vec<(usize, Endpoint, Proto)> = [Proto::H1, Proto::H2]
@@ -497,12 +520,14 @@ fn main() -> anyhow::Result<()> {
         );
         // Webhook and ceiling take turns (ABBA), so that a machine that drifts during the
         // runs does not favour one; each side's percentiles are over all its rounds' latencies.
-        let mut sides: [(Endpoint, Vec<LoadReport>, Vec<u64>); 2] = [
+        // The webhook with its memory off runs in the same turns, last and then first.
+        let mut sides: [(Endpoint, Vec<LoadReport>, Vec<u64>); 3] = [
             (webhook_ep, Vec::new(), Vec::new()),
             (ceiling_ep, Vec::new(), Vec::new()),
+            (unmemo_ep, Vec::new(), Vec::new()),
         ];
         for round in 0..bench.args.latency_rounds {
-            let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
             for side in order {
                 let (ep, reports, all) = &mut sides[side];
                 let file = tmp.join(format!("latencies-{}-{round}.bin", ep.name));
@@ -512,17 +537,23 @@ fn main() -> anyhow::Result<()> {
                 reports.push(report);
             }
         }
-        let [(_, hook_runs, hook_ns), (_, ceil_runs, ceil_ns)] = sides;
+        let [
+            (_, hook_runs, hook_ns),
+            (_, ceil_runs, ceil_ns),
+            (_, unmemo_runs, unmemo_ns),
+        ] = sides;
         let hook = LoadReport::pooled(&hook_runs, hook_ns)?;
         let ceil = LoadReport::pooled(&ceil_runs, ceil_ns)?;
+        let unmemo = LoadReport::pooled(&unmemo_runs, unmemo_ns)?;
         let own = bench.load(webhook_ep, proto, Some(own_rate))?;
-        errors += hook.errors + ceil.errors + own.errors;
-        errors += hook.invalid + ceil.invalid + own.invalid;
+        errors += hook.errors + ceil.errors + own.errors + unmemo.errors;
+        errors += hook.invalid + ceil.invalid + own.invalid + unmemo.invalid;
         latency.push(Latency {
             proto,
             rate,
             hook,
             ceil,
+            unmemo,
             own_rate,
             own,
         });
@@ -563,8 +594,10 @@ fn main() -> anyhow::Result<()> {
     };
     webhook.exited()?;
     ceiling.exited()?;
+    unmemo.exited()?;
     drop(webhook);
     drop(ceiling);
+    drop(unmemo);
     let istio_rss_mb = match &mut peer {
         Some((server, _)) => {
             let rss = vm_hwm_kib(server.pid())? as f64 / 1024.0;
@@ -587,6 +620,7 @@ fn main() -> anyhow::Result<()> {
             &cert,
             &key,
             &tmp.join("webhook-start.log"),
+            &[],
         )?;
         ready.push(ms(wait_ready(&mut server, admin, start)?));
     }
@@ -613,6 +647,7 @@ fn main() -> anyhow::Result<()> {
 
     let [ceiling_rps, ceiling_rps_h2] = best[0];
     let [webhook_rps, webhook_rps_h2] = best[1];
+    let [unmemo_rps, unmemo_rps_h2] = best[3];
     let [istio_rps, istio_rps_h2] = match peer_ep {
         Some(_) => best[2].map(Some),
         None => [None, None],
@@ -749,6 +784,9 @@ fn main() -> anyhow::Result<()> {
     println!(
         "review: {review_bytes}-byte AdmissionReview (bench/review.json), POST /mutate over TLS"
     );
+    println!(
+        "load: that one pod again and again, each request with a uid of its own (a rollout's replicas); the webhook's memory of answers answers all but its first, so the rows \"memory of answers off\" give the same load read in full, as for pods that never repeat"
+    );
     let loads: Vec<f64> = bench
         .runs
         .iter()
@@ -784,6 +822,11 @@ fn main() -> anyhow::Result<()> {
             "| webhook | {label} | {shape} | {w:.0} | {:.2} | {} |",
             w / c,
             peer.map_or("not measured".into(), |i| format!("{:.2}", w / i))
+        );
+        println!(
+            "| webhook, memory of answers off | {label} | {shape} | {:.0} | {:.2} | |",
+            best[3][p],
+            best[3][p] / c
         );
         if let Some(i) = peer {
             println!("| istio | {label} | {shape} | {i:.0} | {:.2} | |", i / c);
@@ -828,14 +871,16 @@ fn main() -> anyhow::Result<()> {
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let rounds = bench.args.latency_rounds;
-    let (hook_label, ceil_label) = (
+    let (hook_label, ceil_label, unmemo_label) = (
         format!("webhook ({rounds} runs, pooled)"),
         format!("ceiling ({rounds} runs, pooled)"),
+        format!("webhook, memory of answers off ({rounds} runs, pooled)"),
     );
     for l in &latency {
         for (name, rate, r) in [
             (hook_label.as_str(), l.rate, &l.hook),
             (ceil_label.as_str(), l.rate, &l.ceil),
+            (unmemo_label.as_str(), l.rate, &l.unmemo),
             ("webhook, at half its own rate", l.own_rate, &l.own),
         ] {
             println!(
@@ -855,7 +900,9 @@ fn main() -> anyhow::Result<()> {
     if engine.is_empty() {
         println!("engine: no criterion results found (run `cargo bench --bench engine` first)");
     } else {
-        println!("| engine: review::answer, mutate (criterion median) | time |");
+        println!(
+            "| engine: review::answer, mutate; typical_memo: through the memory of answers (criterion median) | time |"
+        );
         println!("|---|---:|");
         for (name, ns) in &engine {
             println!("| {name} | {:.1} µs |", ns / 1e3);
@@ -975,6 +1022,20 @@ fn main() -> anyhow::Result<()> {
         "instructions": instructions,
         "p99_ratio": p99_ratio(h1),
         "p99_ratio_h2": p99_ratio(h2),
+        "memo_off": {
+            "rps": unmemo_rps,
+            "rps_h2": unmemo_rps_h2,
+            "rps_ratio": unmemo_rps / ceiling_rps,
+            "rps_ratio_h2": unmemo_rps_h2 / ceiling_rps_h2,
+            "p50_ms": h1.unmemo.p50_ms,
+            "p99_ms": h1.unmemo.p99_ms,
+            "p50_ms_h2": h2.unmemo.p50_ms,
+            "p99_ms_h2": h2.unmemo.p99_ms,
+            "p99_ratio": h1.unmemo.p99_ms / h1.ceil.p99_ms,
+            "p99_ratio_h2": h2.unmemo.p99_ms / h2.ceil.p99_ms,
+            "given_up": h1.unmemo.unsent,
+            "given_up_h2": h2.unmemo.unsent,
+        },
         "latency_share": LATENCY_SHARE,
         "goals": goals,
         "machine": machine,
@@ -1057,11 +1118,13 @@ fn spawn_webhook(
     cert: &Path,
     key: &Path,
     log: &Path,
+    extra: &[&str],
 ) -> anyhow::Result<Server> {
     spawn(
         "webhook",
         Command::new(bin)
             .arg("serve")
+            .args(extra)
             .arg("--listen")
             .arg(SocketAddr::new(LOOPBACK, port).to_string())
             .arg("--admin-listen")
@@ -1156,6 +1219,7 @@ fn vm_hwm_kib(pid: u32) -> anyhow::Result<u64> {
 fn read_engine(dir: &Path) -> Vec<(String, f64)> {
     let names = [
         "typical",
+        "typical_memo",
         "typical_distinct",
         "env_10",
         "env_100",

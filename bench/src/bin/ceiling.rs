@@ -1,7 +1,9 @@
 //! The transport ceiling: the webhook's stack (hyper-util's auto builder over tokio-rustls with
-//! the webhook's own TLS configuration) answering a fixed AdmissionReview without looking at the
-//! request. It still reads every request body to the end. No webhook on this machine can do
-//! more requests per second than this.
+//! the webhook's own TLS configuration) answering a fixed AdmissionReview without reading the
+//! request: it reads every request body to the end, finds the request's uid (the first
+//! `"uid":"` in the body, where the API server and the load generator write it) and echoes it
+//! in the fixed answer, as every webhook must. No webhook on this machine can do more requests
+//! per second than this.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -67,7 +69,10 @@ fn main() -> anyhow::Result<()> {
         Webhook::Mutate,
         &sidecar_injector_bench::review_body()?,
     )?;
-    let answer = Bytes::from(answer.body);
+    let answer = Echo::new(
+        answer.body,
+        &sidecar_injector_bench::request_uid(&sidecar_injector_bench::review_body()?)?,
+    )?;
 
     let loaded = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => tls::CertFiles {
@@ -104,7 +109,7 @@ fn main() -> anyhow::Result<()> {
 async fn serve(
     listener: TcpListener,
     acceptor: TlsAcceptor,
-    answer: Bytes,
+    answer: Echo,
     engine: Option<(Arc<Injector>, u32)>,
     spin: Duration,
 ) {
@@ -130,9 +135,9 @@ async fn serve(
                     async move {
                         // Read the whole body, as any webhook must, and ignore it (or review it
                         // and drop the review, with --engine).
-                        let body = req.into_body().collect().await;
+                        let body = req.into_body().collect().await.map(|b| b.to_bytes());
+                        let answer = answer.to(body.as_deref().unwrap_or_default());
                         if let (Some((injector, runs)), Ok(body)) = (&engine, body) {
-                            let body = body.to_bytes();
                             for _ in 0..*runs {
                                 let review = review::answer(injector, Webhook::Mutate, &body);
                                 std::hint::black_box(review.ok());
@@ -154,5 +159,42 @@ async fn serve(
                 });
             let _ = builder.serve_connection(TokioIo::new(tls), service).await;
         });
+    }
+}
+
+/// The fixed answer, split around its uid.
+#[derive(Clone)]
+struct Echo {
+    before: Bytes,
+    after: Bytes,
+}
+
+impl Echo {
+    fn new(answer: Vec<u8>, uid: &str) -> anyhow::Result<Self> {
+        let key = format!("\"uid\":\"{uid}\"");
+        let at = memchr::memmem::find(&answer, key.as_bytes())
+            .context("the fixed answer does not echo its uid")?
+            + key.len()
+            - 1
+            - uid.len();
+        let answer = Bytes::from(answer);
+        Ok(Self {
+            before: answer.slice(..at),
+            after: answer.slice(at + uid.len()..),
+        })
+    }
+
+    /// The answer to `body`, with its uid (none if the body has no `"uid":"`).
+    fn to(&self, body: &[u8]) -> Bytes {
+        const KEY: &[u8] = b"\"uid\":\"";
+        let uid = memchr::memmem::find(body, KEY)
+            .map(|at| &body[at + KEY.len()..])
+            .and_then(|rest| memchr::memchr(b'"', rest).map(|end| &rest[..end]))
+            .unwrap_or_default();
+        let mut out = Vec::with_capacity(self.before.len() + uid.len() + self.after.len());
+        out.extend_from_slice(&self.before);
+        out.extend_from_slice(uid);
+        out.extend_from_slice(&self.after);
+        Bytes::from(out)
     }
 }

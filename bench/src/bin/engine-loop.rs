@@ -1,12 +1,16 @@
 //! A fixed amount of engine work for a profiler: `review::answer` (mutate) on the bench's review
 //! `--iterations` times, optionally with the first container's env replaced by `--env N`
 //! variables. `valgrind --tool=callgrind target/release/engine-loop --iterations 200` gives
-//! instruction counts that repeat from run to run, unlike times on a shared machine.
+//! instruction counts that repeat from run to run, unlike times on a shared machine. With
+//! `--memo`, through the server's memory of answers (`memo::Memo`), each review with a uid of
+//! its own: after the first, what a replica like one just answered costs.
 
 use anyhow::{Context as _, ensure};
 use clap::Parser;
 use serde_json::{Value, json};
 use sidecar_injector::config::Injector;
+use sidecar_injector::inject::Entry;
+use sidecar_injector::memo::{Memo, Recall};
 use sidecar_injector::review::{self, Outcome, Webhook};
 
 #[derive(Debug, Parser)]
@@ -26,6 +30,10 @@ struct Args {
     /// renders anew (the bundled templates read the namespace).
     #[arg(long)]
     new_namespace: bool,
+    /// Answer through the memory of answers, every review with a uid of its own (made before
+    /// the loop); every review after the first must come from memory.
+    #[arg(long, conflicts_with = "distinct")]
+    memo: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -60,6 +68,41 @@ fn main() -> anyhow::Result<()> {
         .collect::<Result<Vec<_>, _>>()?;
     let injector = Injector::embedded(None)?;
     let mut bytes = 0;
+    if args.memo {
+        let uid = sidecar_injector_bench::request_uid(&bodies[0])?;
+        let quoted = serde_json::to_string(&uid)?;
+        let text = String::from_utf8(bodies[0].clone())?;
+        let bodies: Vec<Vec<u8>> = (0..u64::from(args.iterations))
+            .map(|n| {
+                let fresh = sidecar_injector_bench::numbered_uid(&uid, n);
+                text.replacen(&quoted, &format!("\"{fresh}\""), 1)
+                    .into_bytes()
+            })
+            .collect();
+        let injector = std::sync::Arc::new(injector);
+        let memo = Memo::new(sidecar_injector::memo::DEFAULT_ENTRIES);
+        for (i, body) in bodies.iter().enumerate() {
+            let (answer, recall) = memo.answer(
+                &injector,
+                Webhook::Mutate,
+                Entry::Pod,
+                std::hint::black_box(body),
+            );
+            let answer = answer?;
+            ensure!(answer.outcome == Outcome::Injected, "not injected");
+            ensure!(
+                i == 0 || recall == Recall::Hit,
+                "review {i} not from memory"
+            );
+            bytes += answer.body.len();
+        }
+        println!(
+            "{} reviews of {} bytes from memory, {bytes} bytes answered",
+            args.iterations,
+            bodies[0].len()
+        );
+        return Ok(());
+    }
     for i in 0..args.iterations as usize {
         let body = &bodies[i % bodies.len()];
         let answer = review::answer(&injector, Webhook::Mutate, std::hint::black_box(body))?;

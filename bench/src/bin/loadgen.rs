@@ -30,7 +30,8 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sidecar_injector_bench::{
-    LoadReport, check_answer, client_config, percentile_ms, request_uid, review_body, server_name,
+    LoadReport, check_answer, client_config, numbered_uid, percentile_ms, request_uid, review_body,
+    server_name,
 };
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
@@ -84,6 +85,11 @@ struct Args {
     /// schedule order: its slot, how late it was sent after it was due, and its latency (ns).
     #[arg(long)]
     timeline: Option<PathBuf>,
+    /// Send the body's own uid on every request. Without it every request gets a uid of its
+    /// own, as the API server gives each: the body's uid with its last (up to 12) characters
+    /// replaced by the request's number in hexadecimal, so the body keeps its length.
+    #[arg(long)]
+    fixed_uid: bool,
     /// Send one request, check it is a 200 AdmissionReview that allows with a JSONPatch, and
     /// print what came back.
     #[arg(long)]
@@ -147,8 +153,12 @@ struct Target {
     uri: Uri,
     host: HeaderValue,
     body: Bytes,
-    /// The request's uid, which every answer must echo.
+    /// The body's uid, and where its text is in the body.
     uid: String,
+    uid_at: std::ops::Range<usize>,
+    fixed_uid: bool,
+    /// Requests numbered so far (each one's uid is made from its number).
+    sent: std::sync::atomic::AtomicU64,
 }
 
 enum Sender {
@@ -176,15 +186,44 @@ impl Target {
         } else {
             body
         };
+        let uid = request_uid(&body)?;
+        ensure!(
+            args.fixed_uid
+                || (!uid.is_empty()
+                    && uid
+                        .bytes()
+                        .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')),
+            "the body's request.uid must be printable ASCII without quotes or backslashes to be numbered (or give --fixed-uid)"
+        );
+        // The request's uid is the first place its text is written, as a JSON string.
+        let quoted = serde_json::to_vec(&uid)?;
+        let start = memchr::memmem::find(&body, &quoted)
+            .context("the body's request.uid is not written as it reads")?
+            + 1;
         Ok(Self {
             addr: args.addr,
             http: args.http,
             connector,
             uri,
             host: HeaderValue::from_str(&authority)?,
-            uid: request_uid(&body)?,
+            uid_at: start..start + quoted.len() - 2,
+            uid,
+            fixed_uid: args.fixed_uid,
+            sent: std::sync::atomic::AtomicU64::new(0),
             body: Bytes::from(body),
         })
+    }
+
+    /// The next request's body and the uid its answer must echo.
+    fn next(&self) -> (Bytes, String) {
+        if self.fixed_uid {
+            return (self.body.clone(), self.uid.clone());
+        }
+        let n = self.sent.fetch_add(1, Ordering::Relaxed);
+        let uid = numbered_uid(&self.uid, n);
+        let mut body = self.body.to_vec();
+        body[self.uid_at.clone()].copy_from_slice(uid.as_bytes());
+        (Bytes::from(body), uid)
     }
 
     async fn connect(&self) -> anyhow::Result<Sender> {
@@ -210,12 +249,12 @@ impl Target {
     }
 
     /// Sends one review and reads the whole answer.
-    async fn send(&self, sender: &mut Sender) -> anyhow::Result<Bytes> {
+    async fn send(&self, sender: &mut Sender, body: Bytes) -> anyhow::Result<Bytes> {
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(self.uri.clone())
             .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(self.body.clone()))?;
+            .body(Full::new(body))?;
         let response = match sender {
             Sender::H1(s) => {
                 request
@@ -241,8 +280,9 @@ impl Target {
 /// One request; fails unless the answer allows the pod with a JSONPatch for the request's uid.
 async fn check(target: &Target) -> anyhow::Result<String> {
     let mut sender = target.connect().await?;
-    let body = target.send(&mut sender).await?;
-    let patch = check_answer(&body, &target.uid).with_context(|| {
+    let (request, uid) = target.next();
+    let body = target.send(&mut sender, request).await?;
+    let patch = check_answer(&body, &uid).with_context(|| {
         let text = String::from_utf8_lossy(&body);
         let end = text
             .char_indices()
@@ -526,10 +566,11 @@ async fn closed_worker(
         if sent >= end {
             break;
         }
-        let result = target.send(&mut sender).await;
+        let (request, uid) = target.next();
+        let result = target.send(&mut sender, request).await;
         let done = Instant::now();
         match result {
-            Ok(answer) if check_answer(&answer, &target.uid).is_err() => tally.invalid += 1,
+            Ok(answer) if check_answer(&answer, &uid).is_err() => tally.invalid += 1,
             Ok(_) if done >= measure_from && done <= end => {
                 tally.ok += 1;
                 tally.latencies_ns.push(nanos(done - sent));
@@ -567,10 +608,11 @@ async fn open_worker(target: Arc<Target>, mut sender: Sender, pace: Arc<Pace>) -
             }
             continue;
         }
-        let result = target.send(&mut sender).await;
+        let (request, uid) = target.next();
+        let result = target.send(&mut sender, request).await;
         let done = Instant::now();
         match result {
-            Ok(answer) if check_answer(&answer, &target.uid).is_err() => tally.invalid += 1,
+            Ok(answer) if check_answer(&answer, &uid).is_err() => tally.invalid += 1,
             Ok(_) if slot >= pace.warmup_slots => {
                 tally.ok += 1;
                 if pace.timeline {
