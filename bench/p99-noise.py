@@ -22,7 +22,8 @@ PIN=SERVERS:LOADGEN (CPU lists, e.g. PIN=1:0) runs the servers on the first CPUs
 generator on the second, as the API server runs on other machines than a webhook in a cluster;
 unset, all share every CPU as in `make bench`. LOADGEN_FIFO=N runs the load generator under
 SCHED_FIFO priority N (root), so that it never waits behind the server it measures.
-TOKIO_WORKER_THREADS=N, read by tokio, gives both servers N runtime workers (default: one per CPU
+WEBHOOK_ARGS adds flags to the webhook's command line (e.g. WEBHOOK_ARGS="--memo-entries 0":
+every review read in full, as for pods that never repeat). TOKIO_WORKER_THREADS=N, read by tokio, gives both servers N runtime workers (default: one per CPU
 they may run on).
 """
 
@@ -52,7 +53,8 @@ def start(kind, port, tmp):
     ca = os.path.join(tmp, f"{kind}-{port}-ca.pem")
     if kind == "webhook":
         cmd = [f"{BIN}/sidecar-injector", "serve", "--listen", f"127.0.0.1:{port}",
-               "--admin-listen", f"127.0.0.1:{port + 1}", "--dev-ca-file", ca, "--log-format", "json"]
+               "--admin-listen", f"127.0.0.1:{port + 1}", "--dev-ca-file", ca, "--log-format", "json"] \
+            + os.environ.get("WEBHOOK_ARGS", "").split()
         # Errors only, as make bench runs it.
         env = {**os.environ, "RUST_LOG": ""}
     else:

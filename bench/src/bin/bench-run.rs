@@ -565,8 +565,8 @@ fn main() -> anyhow::Result<()> {
     // The large pod, webhook and peer (if it injects it) alternating the same way (HTTP/1.1, the
     // same shape). After the footprint is read: 16 large bodies in flight raise a peak RSS that
     // is the typical review's goal.
-    let mut large: [Option<LoadReport>; 2] = [None, None];
-    let mut large_servers = vec![(0, webhook_ep)];
+    let mut large: [Option<LoadReport>; 3] = [None, None, None];
+    let mut large_servers = vec![(0, webhook_ep), (2, unmemo_ep)];
     if let Ok(peer_ep) = &peer_large {
         large_servers.push((1, *peer_ep));
     }
@@ -652,7 +652,7 @@ fn main() -> anyhow::Result<()> {
         Some(_) => best[2].map(Some),
         None => [None, None],
     };
-    let [large_webhook, large_istio] = &large;
+    let [large_webhook, large_istio, large_unmemo] = &large;
     let large_ratio = large_webhook
         .as_ref()
         .zip(large_istio.as_ref())
@@ -841,15 +841,24 @@ fn main() -> anyhow::Result<()> {
         bench.args.rounds
     );
     println!("|---|---:|---:|---:|---:|");
-    for (name, report) in [("webhook", large_webhook), ("istio", large_istio)] {
+    let unmemo_large_ratio = large_unmemo
+        .as_ref()
+        .zip(large_istio.as_ref())
+        .map(|(w, i)| w.rps / i.rps);
+    for (name, report) in [
+        ("webhook", large_webhook),
+        ("webhook, memory of answers off", large_unmemo),
+        ("istio", large_istio),
+    ] {
         match report {
             Some(r) => println!(
                 "| {name} | {:.0} | {:.3} | {:.3} | {} |",
                 r.rps,
                 r.p50_ms,
                 r.p99_ms,
-                match (name, large_ratio) {
-                    ("webhook", Some(ratio)) => format!("{ratio:.2}"),
+                match (name, large_ratio, unmemo_large_ratio) {
+                    ("webhook", Some(ratio), _) => format!("{ratio:.2}"),
+                    ("webhook, memory of answers off", _, Some(ratio)) => format!("{ratio:.2}"),
                     _ => String::new(),
                 }
             ),
@@ -1035,6 +1044,9 @@ fn main() -> anyhow::Result<()> {
             "p99_ratio_h2": h2.unmemo.p99_ms / h2.ceil.p99_ms,
             "given_up": h1.unmemo.unsent,
             "given_up_h2": h2.unmemo.unsent,
+            "large_pod_rps": large_unmemo.as_ref().map(|r| r.rps),
+            "large_pod_p50_ms": large_unmemo.as_ref().map(|r| r.p50_ms),
+            "large_pod_istio_ratio": unmemo_large_ratio,
         },
         "latency_share": LATENCY_SHARE,
         "goals": goals,
