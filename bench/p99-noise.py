@@ -22,7 +22,8 @@ PIN=SERVERS:LOADGEN (CPU lists, e.g. PIN=1:0) runs the servers on the first CPUs
 generator on the second, as the API server runs on other machines than a webhook in a cluster;
 unset, all share every CPU as in `make bench`. LOADGEN_FIFO=N runs the load generator under
 SCHED_FIFO priority N (root), so that it never waits behind the server it measures.
-WEBHOOK_ARGS adds flags to the webhook's command line (e.g. WEBHOOK_ARGS="--memo-entries 0":
+LOADGEN_ARGS adds flags to every load run (e.g. LOADGEN_ARGS=--fixed-token: replicas that mount no
+service account token, which the webhook's memory of answers answers). WEBHOOK_ARGS adds flags to the webhook's command line (e.g. WEBHOOK_ARGS="--memo-entries 0":
 every review read in full, as for pods that never repeat). TOKIO_WORKER_THREADS=N, read by tokio, gives both servers N runtime workers (default: one per CPU
 they may run on).
 """
@@ -118,6 +119,7 @@ def run(server, http, rate, path):
     cpu0, switches0 = cpu_and_switches(proc.pid)
     out = subprocess.run(
         [f"{BIN}/loadgen", "--addr", f"127.0.0.1:{port}", "--ca", ca, "--http", str(http), *conns,
+         *os.environ.get("LOADGEN_ARGS", "").split(),
          "--rate", str(rate), "--duration", str(DURATION), "--warmup", str(WARMUP), "--latencies", path],
         capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec()).stdout
     cpu1, switches1 = cpu_and_switches(proc.pid)

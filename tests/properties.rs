@@ -1122,6 +1122,8 @@ proptest! {
                 for entry in [Entry::Pod, Entry::Namespace] {
                     let memo = Memo::new(4);
                     let first = same_as_the_engine(&memo, inj, webhook, entry, &body)?;
+                    // Kept the second time it comes.
+                    same_as_the_engine(&memo, inj, webhook, entry, &body)?;
                     let second = same_as_the_engine(&memo, inj, webhook, entry, &again)?;
                     same_as_the_engine(&memo, inj, webhook, entry, &clean)?;
                     if what.starts_with("None") && plain_uid {

@@ -76,7 +76,13 @@ async fn mutate_answers_the_same_bytes_as_review() {
 async fn a_replica_is_answered_from_memory_with_the_bytes_a_review_writes() {
     let s = state();
     let inj = Injector::embedded(None).unwrap();
-    for (uid, result) in [("uid-1", "miss"), ("uid-2", "hit"), ("uid-3", "hit")] {
+    // Kept the second time it comes, recalled from the third.
+    for (uid, result) in [
+        ("uid-1", "miss"),
+        ("uid-2", "miss"),
+        ("uid-3", "hit"),
+        ("uid-4", "hit"),
+    ] {
         let body = server_support::review(uid);
         let (status, _, bytes) = call(&s, post("/mutate", body.clone())).await;
         assert_eq!(status, StatusCode::OK);
@@ -88,19 +94,19 @@ async fn a_replica_is_answered_from_memory_with_the_bytes_a_review_writes() {
     assert!(metrics.contains(r#"sidecar_injector_review_memo_total{result="hit"} 2"#));
     assert!(
         metrics
-            .contains(r#"sidecar_injector_reviews_total{webhook="mutate",outcome="injected"} 3"#)
+            .contains(r#"sidecar_injector_reviews_total{webhook="mutate",outcome="injected"} 4"#)
     );
     // A reload starts the memory over.
     s.injector
         .store(Arc::new(Injector::embedded(None).unwrap()));
     s.memo.clear();
-    let body = server_support::review("uid-4");
+    let body = server_support::review("uid-5");
     let (_, _, bytes) = call(&s, post("/mutate", body.clone())).await;
     assert_eq!(bytes, answer(&inj, Webhook::Mutate, &body).unwrap().body);
     assert!(
         s.metrics
             .encode()
-            .contains(r#"sidecar_injector_review_memo_total{result="miss"} 2"#)
+            .contains(r#"sidecar_injector_review_memo_total{result="miss"} 3"#)
     );
 }
 

@@ -62,7 +62,7 @@ struct Args {
     #[arg(long, default_value = "unknown")]
     revision: String,
     /// Stop everything and fail after this many seconds.
-    #[arg(long, default_value_t = 480)]
+    #[arg(long, default_value_t = 600)]
     budget: u64,
     /// Instruction counts per review (`bench/profile.sh` writes them as JSON); without it
     /// those goals are not measured.
@@ -86,6 +86,8 @@ struct Endpoint {
     name: &'static str,
     port: u16,
     path: &'static str,
+    /// Load generator flags for this endpoint's runs.
+    extra: &'static [&'static str],
 }
 
 /// A server process of ours; killed when dropped.
@@ -125,6 +127,8 @@ struct Latency {
     ceil: LoadReport,
     /// The webhook with its memory of answers off: every review read in full.
     unmemo: LoadReport,
+    /// The webhook sent replicas that mount no token (alike but for the uid).
+    replicas: LoadReport,
     /// Half the webhook's own saturation rate.
     own_rate: f64,
     own: LoadReport,
@@ -209,6 +213,7 @@ impl Bench {
             .arg(&self.ca)
             .arg("--path")
             .arg(server.path)
+            .args(server.extra)
             .args(extra);
         let server = server.name;
         let output = run_bounded(cmd, limit)?;
@@ -392,16 +397,28 @@ fn main() -> anyhow::Result<()> {
         name: "ceiling",
         port: ceiling_port,
         path: "/mutate",
+        extra: &[],
     };
     let webhook_ep = Endpoint {
         name: "webhook",
         port: webhook_port,
         path: "/mutate",
+        extra: &[],
     };
     let unmemo_ep = Endpoint {
         name: "webhook-memo-off",
         port: unmemo_port,
         path: "/mutate",
+        extra: &[],
+    };
+    // The webhook (its memory on) sent the pod of replicas that mount no service account
+    // token: alike but for the uid, as a real API server sends them (the ServiceAccount
+    // admission's random token volume name is what makes the others differ).
+    let replicas_ep = Endpoint {
+        name: "webhook-replicas",
+        port: webhook_port,
+        path: "/mutate",
+        extra: &["--fixed-token"],
     };
 
     // The peer: Istio's injector, with as many Go threads running at once as the webhook's
@@ -435,6 +452,7 @@ fn main() -> anyhow::Result<()> {
                     name: "istio",
                     port,
                     path: "/inject",
+                    extra: &[],
                 },
             ))
         }
@@ -520,14 +538,20 @@ fn main() -> anyhow::Result<()> {
         );
         // Webhook and ceiling take turns (ABBA), so that a machine that drifts during the
         // runs does not favour one; each side's percentiles are over all its rounds' latencies.
-        // The webhook with its memory off runs in the same turns, last and then first.
-        let mut sides: [(Endpoint, Vec<LoadReport>, Vec<u64>); 3] = [
+        // The webhook with its memory off, and the webhook sent replicas that repeat, run in the
+        // same turns (ABCD, DCBA, ...).
+        let mut sides: [(Endpoint, Vec<LoadReport>, Vec<u64>); 4] = [
             (webhook_ep, Vec::new(), Vec::new()),
             (ceiling_ep, Vec::new(), Vec::new()),
             (unmemo_ep, Vec::new(), Vec::new()),
+            (replicas_ep, Vec::new(), Vec::new()),
         ];
         for round in 0..bench.args.latency_rounds {
-            let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+            let order: [usize; 4] = if round % 2 == 0 {
+                [0, 1, 2, 3]
+            } else {
+                [3, 2, 1, 0]
+            };
             for side in order {
                 let (ep, reports, all) = &mut sides[side];
                 let file = tmp.join(format!("latencies-{}-{round}.bin", ep.name));
@@ -541,19 +565,22 @@ fn main() -> anyhow::Result<()> {
             (_, hook_runs, hook_ns),
             (_, ceil_runs, ceil_ns),
             (_, unmemo_runs, unmemo_ns),
+            (_, replicas_runs, replicas_ns),
         ] = sides;
+        let replicas = LoadReport::pooled(&replicas_runs, replicas_ns)?;
         let hook = LoadReport::pooled(&hook_runs, hook_ns)?;
         let ceil = LoadReport::pooled(&ceil_runs, ceil_ns)?;
         let unmemo = LoadReport::pooled(&unmemo_runs, unmemo_ns)?;
         let own = bench.load(webhook_ep, proto, Some(own_rate))?;
-        errors += hook.errors + ceil.errors + own.errors + unmemo.errors;
-        errors += hook.invalid + ceil.invalid + own.invalid + unmemo.invalid;
+        errors += hook.errors + ceil.errors + own.errors + unmemo.errors + replicas.errors;
+        errors += hook.invalid + ceil.invalid + own.invalid + unmemo.invalid + replicas.invalid;
         latency.push(Latency {
             proto,
             rate,
             hook,
             ceil,
             unmemo,
+            replicas,
             own_rate,
             own,
         });
@@ -785,7 +812,7 @@ fn main() -> anyhow::Result<()> {
         "review: {review_bytes}-byte AdmissionReview (bench/review.json), POST /mutate over TLS"
     );
     println!(
-        "load: that one pod again and again, each request with a uid of its own (a rollout's replicas); the webhook's memory of answers answers all but its first, so the rows \"memory of answers off\" give the same load read in full, as for pods that never repeat"
+        "load: that pod with a uid and a service account token volume name of its own on every request, as a real API server sends a workload's replicas (its ServiceAccount admission names each pod's token volume at random), so the webhook's memory of answers answers none of them; rows \"memory of answers off\": the same load, the memory off; rows \"replicas without a token volume\": the same token name every time, alike but for the uid, as replicas that mount no token arrive, answered from memory"
     );
     let loads: Vec<f64> = bench
         .runs
@@ -885,11 +912,14 @@ fn main() -> anyhow::Result<()> {
         format!("ceiling ({rounds} runs, pooled)"),
         format!("webhook, memory of answers off ({rounds} runs, pooled)"),
     );
+    let replicas_label =
+        format!("webhook, replicas without a token volume: from memory ({rounds} runs, pooled)");
     for l in &latency {
         for (name, rate, r) in [
             (hook_label.as_str(), l.rate, &l.hook),
             (ceil_label.as_str(), l.rate, &l.ceil),
             (unmemo_label.as_str(), l.rate, &l.unmemo),
+            (replicas_label.as_str(), l.rate, &l.replicas),
             ("webhook, at half its own rate", l.own_rate, &l.own),
         ] {
             println!(
@@ -1031,6 +1061,16 @@ fn main() -> anyhow::Result<()> {
         "instructions": instructions,
         "p99_ratio": p99_ratio(h1),
         "p99_ratio_h2": p99_ratio(h2),
+        "replicas_without_token": {
+            "p50_ms": h1.replicas.p50_ms,
+            "p99_ms": h1.replicas.p99_ms,
+            "p50_ms_h2": h2.replicas.p50_ms,
+            "p99_ms_h2": h2.replicas.p99_ms,
+            "p99_ratio": h1.replicas.p99_ms / h1.ceil.p99_ms,
+            "p99_ratio_h2": h2.replicas.p99_ms / h2.ceil.p99_ms,
+            "given_up": h1.replicas.unsent,
+            "given_up_h2": h2.replicas.unsent,
+        },
         "memo_off": {
             "rps": unmemo_rps,
             "rps_h2": unmemo_rps_h2,

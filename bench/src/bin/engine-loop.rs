@@ -34,7 +34,7 @@ struct Args {
     #[arg(long)]
     new_namespace: bool,
     /// Answer through the memory of answers, the reviews taking 256 uids in turn (made before
-    /// the loop); every review after the first must come from memory.
+    /// the loop); every review after the second must come from memory.
     #[arg(long, conflicts_with = "distinct")]
     memo: bool,
 }
@@ -96,14 +96,11 @@ fn main() -> anyhow::Result<()> {
             );
             let answer = answer?;
             ensure!(answer.outcome == Outcome::Injected, "not injected");
-            ensure!(
-                i == 0 || recall == Recall::Hit,
-                "review {i} not from memory"
-            );
+            ensure!(i < 2 || recall == Recall::Hit, "review {i} not from memory");
             bytes += answer.body.len();
         }
         println!(
-            "{} reviews of {} bytes, all but the first from memory, {bytes} bytes answered",
+            "{} reviews of {} bytes, all but the first two from memory, {bytes} bytes answered",
             args.iterations,
             bodies[0].len()
         );

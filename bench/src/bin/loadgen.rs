@@ -90,6 +90,13 @@ struct Args {
     /// replaced by the request's number in hexadecimal, so the body keeps its length.
     #[arg(long)]
     fixed_uid: bool,
+    /// Send the body's own service account token volume name (`kube-api-access-` and five
+    /// characters, wherever it is written) on every request. Without it every request gets a
+    /// name of its own, as the API server's ServiceAccount admission gives every pod that
+    /// mounts a token: so no two requests send the same pod, unless this is given (a pod that
+    /// mounts no token, whose replicas do arrive alike but for the uid).
+    #[arg(long)]
+    fixed_token: bool,
     /// Send one request, check it is a 200 AdmissionReview that allows with a JSONPatch, and
     /// print what came back.
     #[arg(long)]
@@ -157,7 +164,9 @@ struct Target {
     uid: String,
     uid_at: std::ops::Range<usize>,
     fixed_uid: bool,
-    /// Requests numbered so far (each one's uid is made from its number).
+    /// Where the five characters after each `kube-api-access-` are (none with --fixed-token).
+    token_at: Vec<usize>,
+    /// Requests numbered so far (each one's uid and token name are made from its number).
     sent: std::sync::atomic::AtomicU64,
 }
 
@@ -200,7 +209,13 @@ impl Target {
         let start = memchr::memmem::find(&body, &quoted)
             .context("the body's request.uid is not written as it reads")?
             + 1;
+        let token_at = if args.fixed_token {
+            Vec::new()
+        } else {
+            token_names(&body)
+        };
         Ok(Self {
+            token_at,
             addr: args.addr,
             http: args.http,
             connector,
@@ -216,13 +231,22 @@ impl Target {
 
     /// The next request's body and the uid its answer must echo.
     fn next(&self) -> (Bytes, String) {
-        if self.fixed_uid {
+        if self.fixed_uid && self.token_at.is_empty() {
             return (self.body.clone(), self.uid.clone());
         }
         let n = self.sent.fetch_add(1, Ordering::Relaxed);
-        let uid = numbered_uid(&self.uid, n);
         let mut body = self.body.to_vec();
-        body[self.uid_at.clone()].copy_from_slice(uid.as_bytes());
+        let uid = if self.fixed_uid {
+            self.uid.clone()
+        } else {
+            let uid = numbered_uid(&self.uid, n);
+            body[self.uid_at.clone()].copy_from_slice(uid.as_bytes());
+            uid
+        };
+        let token = token_suffix(n);
+        for &at in &self.token_at {
+            body[at..at + TOKEN_SUFFIX].copy_from_slice(&token);
+        }
         (Bytes::from(body), uid)
     }
 
@@ -679,6 +703,32 @@ fn pad_env(body: &[u8], count: usize) -> anyhow::Result<Vec<u8>> {
     Ok(serde_json::to_vec(&review)?)
 }
 
+/// The ServiceAccount admission's token volume: this prefix and five characters of its alphabet.
+const TOKEN_PREFIX: &[u8] = b"kube-api-access-";
+const TOKEN_SUFFIX: usize = 5;
+const TOKEN_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+
+/// Where the five characters after each `kube-api-access-` in `body` are.
+fn token_names(body: &[u8]) -> Vec<usize> {
+    memchr::memmem::find_iter(body, TOKEN_PREFIX)
+        .map(|at| at + TOKEN_PREFIX.len())
+        .filter(|&at| {
+            body.get(at..at + TOKEN_SUFFIX)
+                .is_some_and(|s| s.iter().all(|b| TOKEN_ALPHABET.contains(b)))
+        })
+        .collect()
+}
+
+/// Request `n`'s five characters: `n` in the alphabet's base, another for every `n` below 27^5.
+fn token_suffix(mut n: u64) -> [u8; TOKEN_SUFFIX] {
+    let mut out = [TOKEN_ALPHABET[0]; TOKEN_SUFFIX];
+    for slot in out.iter_mut().rev() {
+        *slot = TOKEN_ALPHABET[(n % TOKEN_ALPHABET.len() as u64) as usize];
+        n /= TOKEN_ALPHABET.len() as u64;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -695,6 +745,18 @@ mod tests {
             give_up: start + Duration::from_secs(10),
             timeline: false,
         }
+    }
+
+    #[test]
+    fn every_request_names_its_token_volume_anew_everywhere_it_is_written() {
+        let body = review_body().unwrap();
+        let at = token_names(&body);
+        // The volume and a mount in each of the two containers.
+        assert_eq!(at.len(), 3);
+        assert_eq!(&token_suffix(0), b"bbbbb");
+        assert_eq!(&token_suffix(1), b"bbbbc");
+        assert_ne!(token_suffix(27 * 27), token_suffix(27 * 27 + 1));
+        assert!(token_names(b"kube-api-access-AB").is_empty());
     }
 
     #[test]
