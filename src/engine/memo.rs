@@ -1,20 +1,19 @@
 //! Answers remembered by the bytes they answer.
 //!
-//! The replicas of one workload arrive at admission alike byte for byte but for the request's
-//! uid: the ReplicaSet controller creates each from the same template under `generateName`,
-//! before the API server names it, and the API server writes the same defaults and the same
-//! `managedFields` entry into each (its time is to the second, so the bytes change from one
-//! second to the next). A rollout, a scale-up or a node drain sends such replicas in bursts.
+//! The replicas of a workload that mounts no service account token
+//! (`automountServiceAccountToken: false`) arrive at admission alike byte for byte but for the
+//! request's uid: the ReplicaSet controller creates each from the same template under
+//! `generateName`, before the API server names it, and the API server writes the same defaults
+//! and the same `managedFields` entry into each (its time is to the second, so the bytes change
+//! from one second to the next). A rollout, a scale-up or a node drain sends them in bursts.
+//! Replicas that mount a token (the default) never arrive alike: the API server's
+//! ServiceAccount admission names every pod's token volume `kube-api-access-` and five random
+//! characters (the e2e suite checks both against a real API server).
+//!
 //! [`Memo`] keeps recent answers by their body with the uid left out: a body equal to a
 //! remembered one outside its uid is answered with the remembered answer and its own uid
 //! written in, without being read again. A body is kept the second time it comes, so bodies
 //! that never repeat cost a hash each, not a copy.
-//!
-//! What repeats in a cluster: the API server's ServiceAccount admission names every pod's
-//! token volume `kube-api-access-` and five random characters, so the replicas of a workload
-//! that mounts a service account token (the default) never arrive alike, and only those that
-//! mount none (`automountServiceAccountToken: false`) are answered from memory (the e2e suite
-//! checks both against a real API server).
 //!
 //! It answers exactly what [`review::answer_for`] answers (tests/properties.rs, property 8, holds
 //! the two equal on generated and hostile bodies):
