@@ -93,17 +93,19 @@ fn prepare() -> anyhow::Result<(Injector, Vec<Case>)> {
     Ok((injector, cases))
 }
 
+/// What a bench needs, or the reason it cannot run, and exit: criterion has no error path.
+fn prepared_or_exit<T>(prepared: anyhow::Result<T>) -> T {
+    prepared.unwrap_or_else(|error| {
+        eprintln!("cannot prepare the engine benches: {error:#}");
+        std::process::exit(1);
+    })
+}
+
 fn engine_distinct(c: &mut Criterion) {
     let prepared = Injector::embedded(None)
         .map_err(anyhow::Error::from)
         .and_then(|injector| Ok((injector, distinct_reviews(DISTINCT)?)));
-    let (injector, bodies) = match prepared {
-        Ok(prepared) => prepared,
-        Err(error) => {
-            eprintln!("cannot prepare the engine benches: {error:#}");
-            std::process::exit(1);
-        }
-    };
+    let (injector, bodies) = prepared_or_exit(prepared);
     let mut next = 0;
     c.benchmark_group("mutate")
         .bench_function("typical_distinct", |b| {
@@ -134,13 +136,7 @@ fn engine_memo(c: &mut Criterion) {
     let prepared = Injector::embedded(None)
         .map_err(anyhow::Error::from)
         .and_then(|injector| Ok((std::sync::Arc::new(injector), replicas(1_000)?)));
-    let (injector, bodies) = match prepared {
-        Ok(prepared) => prepared,
-        Err(error) => {
-            eprintln!("cannot prepare the engine benches: {error:#}");
-            std::process::exit(1);
-        }
-    };
+    let (injector, bodies) = prepared_or_exit(prepared);
     let memo = Memo::new(sidecar_injector::memo::DEFAULT_ENTRIES);
     // Kept the second time it comes.
     let _ = memo.answer(&injector, Webhook::Mutate, Entry::Pod, &bodies[0]);
@@ -167,13 +163,7 @@ fn engine_memo(c: &mut Criterion) {
 }
 
 fn engine(c: &mut Criterion) {
-    let (injector, cases) = match prepare() {
-        Ok(prepared) => prepared,
-        Err(error) => {
-            eprintln!("cannot prepare the engine benches: {error:#}");
-            std::process::exit(1);
-        }
-    };
+    let (injector, cases) = prepared_or_exit(prepare());
     let mut group = c.benchmark_group("mutate");
     for (name, body) in &cases {
         group.bench_function(*name, |b| {

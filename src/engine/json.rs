@@ -597,7 +597,7 @@ pub fn write_str_body(out: &mut Vec<u8>, s: &str) {
 /// The end of the whitespace that starts at `i`. Indentation comes in runs of spaces, taken
 /// eight at a time.
 #[inline(always)]
-fn ws_end(bytes: &[u8], mut i: usize) -> usize {
+pub(crate) fn ws_end(bytes: &[u8], mut i: usize) -> usize {
     loop {
         match bytes.get(i) {
             Some(b' ' | b'\n' | b'\r' | b'\t') => i += 1,
@@ -620,7 +620,7 @@ fn ws_end(bytes: &[u8], mut i: usize) -> usize {
 /// On x86_64 sixteen bytes are tested at a time with SSE2 (part of the architecture), the
 /// eight-byte test taking the last few.
 #[inline(always)]
-fn plain_run(bytes: &[u8], i: usize) -> usize {
+pub(crate) fn plain_run(bytes: &[u8], i: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
     let i = match plain_run_sse2(bytes, i) {
         Ok(stop) => return stop,

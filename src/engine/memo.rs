@@ -36,6 +36,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::engine::config::Injector;
 use crate::engine::inject::Entry;
+use crate::engine::json::{plain_run, ws_end as ws};
 use crate::engine::review::{self, Answer, Injected, Outcome, ReviewError, Summary, Webhook};
 
 /// Bound on the bytes of the bodies and answers kept; one entry may take an eighth of it.
@@ -80,7 +81,7 @@ struct Remembered {
 pub enum Recall {
     /// Answered from memory.
     Hit,
-    /// Reviewed (and remembered if it can be).
+    /// Reviewed (and remembered, the second time it comes, if it can be).
     Miss,
     /// Reviewed; the body is not of a shape the memory keeps (see the module's documentation),
     /// or the memory is off.
@@ -138,7 +139,8 @@ impl Memo {
             );
         };
         let key = self.key(webhook, entry, body, &uid);
-        if let Some(known) = self.recall(key)
+        let (known, first_time) = self.recall(key);
+        if let Some(known) = known
             && Arc::ptr_eq(&known.injector, inj)
             && known.webhook == webhook
             && known.entry == entry
@@ -151,7 +153,7 @@ impl Memo {
         let (answer, read_at) = review::answer_located(inj, webhook, entry, body);
         if let Ok(answer) = &answer
             && read_at == Some(uid.clone())
-            && !self.first_time(key)
+            && !first_time
         {
             self.keep(key, inj, webhook, entry, body, uid, answer);
         }
@@ -176,19 +178,19 @@ impl Memo {
         h.finish()
     }
 
-    /// Whether `key` comes for the first time (it is noted, within a bound, for the next).
-    fn first_time(&self, key: u64) -> bool {
+    /// The answer kept under `key`; if there is none, whether `key` comes for the first time
+    /// (it is noted, within a bound, for the next), under one lock.
+    fn recall(&self, key: u64) -> (Option<Arc<Remembered>>, bool) {
         let Ok(mut table) = self.table.lock() else {
-            return true;
+            return (None, true);
         };
+        if let Some(known) = table.answers.get(&key) {
+            return (Some(known.clone()), false);
+        }
         if table.seen.len() >= self.entries.saturating_mul(4) {
             table.seen.clear();
         }
-        table.seen.insert(key)
-    }
-
-    fn recall(&self, key: u64) -> Option<Arc<Remembered>> {
-        self.table.lock().ok()?.answers.get(&key).cloned()
+        (None, table.seen.insert(key))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -306,20 +308,10 @@ fn byte(body: &[u8], at: usize, want: u8) -> Option<usize> {
     (body.get(at) == Some(&want)).then_some(at + 1)
 }
 
-fn ws(body: &[u8], mut at: usize) -> usize {
-    while matches!(body.get(at), Some(b' ' | b'\n' | b'\r' | b'\t')) {
-        at += 1;
-    }
-    at
-}
-
 /// A string at `at` with nothing escaped in it: its text, and where it ends.
 fn plain(body: &[u8], at: usize) -> Option<(Range<usize>, usize)> {
     let start = byte(body, at, b'"')?;
-    let len = body[start..]
-        .iter()
-        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-    let end = start + len;
+    let end = plain_run(body, start);
     byte(body, end, b'"').map(|next| (start..end, next))
 }
 
