@@ -2,6 +2,10 @@
 # Shared by e2e/run.sh (local control plane), e2e/node/run.sh (a real node) and e2e/kind/run.sh
 # (kind), so they build, run and count the scenarios the same way. Sourced, not run.
 
+# The control plane's helpers too (cp_free_port, cp_log): one copy of each.
+# shellcheck source=control-plane/lib.sh
+. "$(dirname -- "${BASH_SOURCE[0]}")/control-plane/lib.sh"
+
 E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios)
 # An opted-in pod for server-side dry-run probes (pause image: nothing pulls it).
 # shellcheck disable=SC2034 # used by the scripts that source this file

@@ -93,20 +93,8 @@ VERSION=$("${ADMIN_CURL[@]}" "$APISERVER_URL/version" |
 echo "kube-apiserver $VERSION"
 
 # ---------------------------------------------------------------- the server
-free_port() {
-  local p i
-  for ((i = 0; i < 200; i++)); do
-    p=$((20000 + RANDOM % 30000))
-    if [[ -z "$(ss -Htan "( sport = :$p )" 2>/dev/null)" ]]; then
-      echo "$p"
-      return 0
-    fi
-  done
-  die "no free loopback port found"
-}
-PORT=$(free_port)
-ADMIN_PORT=$(free_port)
-while [[ "$ADMIN_PORT" == "$PORT" ]]; do ADMIN_PORT=$(free_port); done
+PORT=$(cp_free_port) || die "no free loopback port"
+ADMIN_PORT=$(cp_free_port "$PORT") || die "no free loopback port"
 
 PKI="$WORKDIR/pki"
 e2e_serving_cert "$CA_CERT" "$CA_KEY" "$PKI" injector "IP:127.0.0.1" "$WORKDIR/logs/openssl.log" ||

@@ -116,3 +116,28 @@ cp_down() { # workdir
   done
   return "$rc"
 }
+
+# Prints a loopback TCP port nothing uses now, other than the ports given. It is drawn from
+# below the kernel's ephemeral range (ip_local_port_range): a port inside it can be taken
+# between this check and the bind by any outgoing connection's local end (the apiserver's own
+# connections to etcd, say), and the listener then fails with "address already in use".
+cp_free_port() { # [port to avoid]...
+  local eph_lo=32768 eph_hi=60999 lo hi p i
+  read -r eph_lo eph_hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  if ((eph_lo > 21000)); then
+    lo=20000 hi=$((eph_lo - 1))
+  else
+    lo=$((eph_hi + 1)) hi=65535
+  fi
+  ((hi - lo >= 100)) || { cp_log "ERROR: no port range outside the ephemeral $eph_lo-$eph_hi"; return 1; }
+  for ((i = 0; i < 200; i++)); do
+    p=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo + 1)))
+    [[ " $* " == *" $p "* ]] && continue
+    if [[ -z "$(ss -Htan "( sport = :$p )" 2>/dev/null)" ]]; then
+      echo "$p"
+      return 0
+    fi
+  done
+  cp_log "ERROR: no free loopback port found in $lo-$hi"
+  return 1
+}

@@ -123,8 +123,7 @@ openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/stub.key" -out "$PKI/stub
 printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$PKI/stub.ext"
 openssl x509 -req -in "$PKI/stub.csr" -CA "$CA_CERT" -CAkey "$CA_KEY" -CAcreateserial -days 2 \
   -sha256 -extfile "$PKI/stub.ext" -out "$PKI/stub.crt" 2>/dev/null
-STUB_PORT=$((20000 + RANDOM % 30000))
-while [[ -n "$(ss -Htan "( sport = :$STUB_PORT )")" ]]; do STUB_PORT=$((20000 + RANDOM % 30000)); done
+STUB_PORT=$(cp_free_port) || fail "no free loopback port"
 python3 "$HERE/webhook_stub.py" "$STUB_PORT" "$PKI/stub.crt" "$PKI/stub.key" \
   >>"$WORKDIR/logs/webhook-stub.log" 2>&1 </dev/null &
 STUB_PID=$!

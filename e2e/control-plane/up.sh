@@ -94,24 +94,11 @@ trap on_exit EXIT
 die() { cp_log "ERROR: $*"; exit 1; }
 
 # ------------------------------------------------------------------ ports
-declare -A USED_PORTS=()
-free_port() {
-  local p i
-  for ((i = 0; i < 200; i++)); do
-    p=$((20000 + RANDOM % 30000))
-    [[ -n "${USED_PORTS[$p]:-}" ]] && continue
-    if [[ -z "$(ss -Htan "( sport = :$p )" 2>/dev/null)" ]]; then
-      USED_PORTS[$p]=1
-      echo "$p"
-      return 0
-    fi
-  done
-  die "no free loopback port found"
-}
-ETCD_CLIENT_PORT=$(free_port); USED_PORTS[$ETCD_CLIENT_PORT]=1
-ETCD_PEER_PORT=$(free_port); USED_PORTS[$ETCD_PEER_PORT]=1
-APISERVER_PORT=$(free_port); USED_PORTS[$APISERVER_PORT]=1
-KCM_PORT=$(free_port); USED_PORTS[$KCM_PORT]=1
+ETCD_CLIENT_PORT=$(cp_free_port) || die "no free loopback port"
+ETCD_PEER_PORT=$(cp_free_port "$ETCD_CLIENT_PORT") || die "no free loopback port"
+APISERVER_PORT=$(cp_free_port "$ETCD_CLIENT_PORT" "$ETCD_PEER_PORT") || die "no free loopback port"
+KCM_PORT=$(cp_free_port "$ETCD_CLIENT_PORT" "$ETCD_PEER_PORT" "$APISERVER_PORT") ||
+  die "no free loopback port"
 ETCD_URL="http://127.0.0.1:$ETCD_CLIENT_PORT"
 APISERVER_URL="https://127.0.0.1:$APISERVER_PORT"
 

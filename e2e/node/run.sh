@@ -138,9 +138,8 @@ helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
 e2e_wait_for_injection 60 "${ADMIN_CURL[@]}" "$APISERVER_URL" || die "the webhooks do not inject"
 
 # ---------------------------------------------------------------- a loopback injector (url mode)
-free_port() { echo $((20000 + RANDOM % 30000)); }
-PORT=$(free_port)
-ADMIN_PORT=$((PORT + 1))
+PORT=$(cp_free_port) || die "no free loopback port"
+ADMIN_PORT=$(cp_free_port "$PORT") || die "no free loopback port"
 serving_cert injector "IP:127.0.0.1"
 export E2E_WORKDIR="$WORKDIR"
 export E2E_INJECTOR_BIN="$TARGET_DIR/debug/sidecar-injector"
