@@ -23,7 +23,7 @@ generator on the second, as the API server runs on other machines than a webhook
 unset, all share every CPU as in `make bench`. LOADGEN_FIFO=N runs the load generator under
 SCHED_FIFO priority N (root), so that it never waits behind the server it measures.
 LOADGEN_ARGS adds flags to every load run (e.g. LOADGEN_ARGS=--fixed-token: replicas that mount no
-service account token, which the webhook's memory of answers answers). WEBHOOK_ARGS adds flags to the webhook's command line (e.g. WEBHOOK_ARGS="--memo-entries 0":
+service account token). WEBHOOK_ARGS adds flags to the webhook's command line (e.g. WEBHOOK_ARGS="--memo-entries 0":
 every review read in full, as for pods that never repeat). TOKIO_WORKER_THREADS=N, read by tokio, gives both servers N runtime workers (default: one per CPU
 they may run on).
 """

@@ -2,8 +2,8 @@
 //! AdmissionReview bodies (the typical pod of `bench/review.json`, then the same pod with its
 //! first container's env replaced by 10 … 10,000 variables, and with 2,000 in each of its two
 //! containers). Timing only: nothing here asserts on time. `typical_memo` is the typical pod
-//! again with another uid each time, answered by the server's memory of answers
-//! (`memo::Memo`), as a rollout's replicas are.
+//! again with another uid and token volume name each time, answered by the server's memory of
+//! answers (`memo::Memo`), as a rollout's replicas are.
 
 use std::time::Duration;
 
@@ -127,7 +127,10 @@ fn replicas(count: usize) -> anyhow::Result<Vec<Vec<u8>>> {
         .map(|i| {
             let mut review = typical.clone();
             review["request"]["uid"] = json!(format!("0f6b4a4e-6f1c-4a63-9a1e-{i:012x}"));
-            Ok(serde_json::to_vec(&review)?)
+            // A token volume name of its own, as the API server gives each replica.
+            let text = serde_json::to_string(&review)?
+                .replace("kube-api-access-x7k2p", &format!("kube-api-access-{i:05x}"));
+            Ok(text.into_bytes())
         })
         .collect()
 }

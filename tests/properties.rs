@@ -9,7 +9,8 @@
 //!    injector passed over;
 //! 6. the borrowed view and the typed road answer alike, on hostile bodies too;
 //! 7. a warm render cache answers as a cold one;
-//! 8. the memory of recent answers answers as the engine.
+//! 8. the memory of recent answers answers as the engine;
+//! 9. and so it does for replicas whose token volumes have names of their own.
 
 use std::collections::BTreeSet;
 
@@ -1136,6 +1137,174 @@ proptest! {
                         same_as_the_engine(&memo, other, webhook, entry, &again)?,
                         Recall::Hit
                     );
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
+
+// === 9. Replicas with their own token names are answered from memory as the engine ===
+//
+// The API server names each pod's ServiceAccount token volume `kube-api-access-` and a random
+// suffix, in the volume and in every container's mount of it. `memo::Memo` answers a replica
+// that differs from a remembered body only there (and in its uid) from memory. On generated
+// pods, with the token name also written where the view does not read it as one (a label, an
+// annotation, another volume, an env var, a container, a port, an owner), as the remembered
+// suffix or as the replica's, the memory must answer what `review::answer_for` answers; and a
+// plain replica must come from memory.
+
+/// Where a stray copy of a token name goes.
+#[derive(Clone, Copy, Debug)]
+enum Stray {
+    Label,
+    Annotation,
+    Volume,
+    Env,
+    Container,
+    Port,
+    Owner,
+}
+
+/// `pod` with the ServiceAccount token volume `kube-api-access-<suffix>` and its mount in every
+/// container and init container, as the ServiceAccount admission plugin adds them.
+fn with_token(pod: &Value, suffix: &str, stray: Option<(Stray, &str)>) -> Value {
+    let mut pod = pod.clone();
+    let name = format!("kube-api-access-{suffix}");
+    for list in ["containers", "initContainers"] {
+        for c in pod["spec"][list].as_array_mut().into_iter().flatten() {
+            let mut mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+            mounts.push(json!({"name": name, "readOnly": true,
+                               "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}));
+            c["volumeMounts"] = Value::Array(mounts);
+        }
+    }
+    let mut volumes = pod["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    volumes.push(json!({"name": name, "projected": {"sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}));
+    pod["spec"]["volumes"] = Value::Array(volumes);
+    if let Some((stray, suffix)) = stray {
+        let other = format!("kube-api-access-{suffix}");
+        let first = |pod: &mut Value, list: &str| -> Option<Value> {
+            pod["spec"][list]
+                .as_array_mut()?
+                .first_mut()
+                .map(Value::take)
+        };
+        match stray {
+            Stray::Label => pod["metadata"]["labels"]["stray"] = other.into(),
+            Stray::Annotation => pod["metadata"]["annotations"]["stray"] = other.into(),
+            Stray::Volume => {
+                if let Some(v) = pod["spec"]["volumes"].as_array_mut() {
+                    v.insert(0, json!({"name": other, "emptyDir": {}}));
+                }
+            }
+            Stray::Env | Stray::Port => {
+                if let Some(mut c) = first(&mut pod, "containers") {
+                    let (field, item) = match stray {
+                        Stray::Env => ("env", json!({"name": other, "value": "x"})),
+                        _ => ("ports", json!({"name": other, "containerPort": 8081})),
+                    };
+                    let mut items = c[field].as_array().cloned().unwrap_or_default();
+                    items.push(item);
+                    c[field] = Value::Array(items);
+                    pod["spec"]["containers"][0] = c;
+                }
+            }
+            Stray::Container => {
+                if let Some(list) = pod["spec"]["containers"].as_array_mut() {
+                    list.push(json!({"name": other, "image": "other:1"}));
+                }
+            }
+            Stray::Owner => {
+                pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+                    "kind": "ReplicaSet", "name": other, "uid": "1", "controller": true}]);
+            }
+        }
+    }
+    pod
+}
+
+/// Whose token name a stray copy names.
+#[derive(Clone, Copy, Debug)]
+enum Whose {
+    /// Each body's own: the name is written once more where the view does not read it as a
+    /// token volume's, so another suffix changes that place too.
+    Own,
+    /// The first body's, in every body.
+    First,
+    /// The replica's, in every body.
+    Replica,
+}
+
+fn stray() -> impl Strategy<Value = Option<(Stray, Whose)>> {
+    let place = prop_oneof![
+        Just(Stray::Label),
+        Just(Stray::Annotation),
+        Just(Stray::Volume),
+        Just(Stray::Env),
+        Just(Stray::Container),
+        Just(Stray::Port),
+        Just(Stray::Owner),
+    ];
+    let whose =
+        prop_oneof![2 => Just(Whose::Own), 1 => Just(Whose::First), 1 => Just(Whose::Replica)];
+    prop_oneof![1 => Just(None), 3 => (place, whose).prop_map(Some)]
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn replicas_with_their_own_token_names_are_answered_as_the_engine(
+        case in pod(),
+        suffixes in ("[a-z0-9]{5}", "[a-z0-9]{5}", "[a-z0-9]{5}"),
+        stray in stray(),
+        which in 0usize..2,
+    ) {
+        use sidecar_injector::inject::Entry;
+        use sidecar_injector::memo::{Memo, Recall};
+        let (a, b, c) = suffixes;
+        prop_assume!(a != b && b != c && a != c);
+        // A pod without containers has no place for some stray copies.
+        let stray = stray.filter(|(place, _)| {
+            with_token(&case.pod, &a, Some((*place, "x"))) != with_token(&case.pod, &a, None)
+        });
+        let body = |suffix: &str, uid: &str| {
+            let copy = stray.map(|(place, whose)| {
+                let named = match whose {
+                    Whose::Own => suffix,
+                    Whose::First => &a,
+                    Whose::Replica => &b,
+                };
+                (place, named.to_owned())
+            });
+            let pod = with_token(&case.pod, suffix, copy.as_ref().map(|(p, s)| (*p, s.as_str())));
+            String::from_utf8(review("CREATE", &case.namespace, &pod, None))
+                .expect("UTF-8")
+                .replacen(UID, uid, 1)
+                .into_bytes()
+        };
+        SHARED.with(|shared| -> Result<(), TestCaseError> {
+            let inj = &shared[which];
+            for webhook in [Webhook::Mutate, Webhook::Validate] {
+                for entry in [Entry::Pod, Entry::Namespace] {
+                    let memo = Memo::new(4);
+                    same_as_the_engine(&memo, inj, webhook, entry, &body(&a, "uid-1"))?;
+                    // Kept the second time its kind comes: another replica.
+                    same_as_the_engine(&memo, inj, webhook, entry, &body(&c, "uid-2"))?;
+                    let replica = body(&b, "uid-3");
+                    let recall = same_as_the_engine(&memo, inj, webhook, entry, &replica)?;
+                    let plain = !replica.windows(2).any(|w| w == b"\\u");
+                    if stray.is_none() && plain {
+                        prop_assert_eq!(recall, Recall::Hit);
+                    }
+                    if stray.is_some() {
+                        prop_assert_ne!(recall, Recall::Hit);
+                    }
                 }
             }
             Ok(())

@@ -80,7 +80,8 @@ if [[ ! -s $profile ]]; then
     rm -rf "$tmp"
   }
   trap cleanup EXIT
-  port=$((20000 + RANDOM % 20000))
+  # Below the kernel's ephemeral ports (32768 on): an outgoing connection cannot hold it.
+  port=$((20000 + RANDOM % 12000))
   # The load generator's own profile is not wanted: it goes to the scratch directory.
   load() {
     LLVM_PROFILE_FILE="$tmp/loadgen-%p.profraw" "$bin/loadgen" --addr "127.0.0.1:$port" \
@@ -131,8 +132,8 @@ if [[ ! -s $profile ]]; then
     train --body tests/inputs/inject/pod-v1.json --pad-env "$count" --duration 0.5 --path /validate
   done
   stop_server
-  # The memory of answers, as the replicas of a workload that mounts no service account token
-  # meet it (the same token volume name every time), and as all others do (a name each).
+  # The memory of answers, as the replicas of a workload meet it: with a token volume name
+  # each (as the API server names them) and with one name (pods that mount no token).
   log "training on 127.0.0.1:$port: the memory of answers"
   start_server
   for review in "${reviews[@]}"; do

@@ -1,31 +1,40 @@
 //! Answers remembered by the bytes they answer.
 //!
-//! The replicas of a workload that mounts no service account token
-//! (`automountServiceAccountToken: false`) arrive at admission alike byte for byte but for the
-//! request's uid: the ReplicaSet controller creates each from the same template under
+//! The replicas of a workload arrive at admission alike but for two things the API server
+//! gives each pod: the request's uid, and the suffix of its ServiceAccount token volume's name
+//! (`kube-api-access-` and five random characters, in the volume and in every container's
+//! mount of it). The ReplicaSet controller creates each from the same template under
 //! `generateName`, before the API server names it, and the API server writes the same defaults
 //! and the same `managedFields` entry into each (its time is to the second, so the bytes change
 //! from one second to the next). A rollout, a scale-up or a node drain sends them in bursts.
-//! Replicas that mount a token (the default) never arrive alike: the API server's
-//! ServiceAccount admission names every pod's token volume `kube-api-access-` and five random
-//! characters (the e2e suite checks both against a real API server).
+//! (The e2e suite checks this against a real API server.)
 //!
-//! [`Memo`] keeps recent answers by their body with the uid left out: a body equal to a
-//! remembered one outside its uid is answered with the remembered answer and its own uid
-//! written in, without being read again. A body is kept the second time it comes, so bodies
-//! that never repeat cost a hash each, not a copy.
+//! [`Memo`] keeps recent answers by their body with the uid and the token name's suffix left
+//! out: a body equal to a remembered one outside those is answered with the remembered answer
+//! and its own uid written in, without being read again. A body is kept the second time its
+//! kind comes, so bodies that never repeat cost a hash and two scans each, not a copy.
 //!
-//! It answers exactly what [`review::answer_for`] answers (tests/properties.rs, property 8, holds
-//! the two equal on generated and hostile bodies):
+//! It answers exactly what [`review::answer_for`] answers (tests/properties.rs, properties 8
+//! and 9, hold the two equal on generated and hostile bodies):
 //!
 //! - A body is remembered only when the view read it and read its uid where the light scan
 //!   below finds it, as written (no escapes), so that the answer depends on those bytes only
 //!   by echoing them; and only when the answer echoes the uid once, as written.
-//! - A body is answered from memory only when, outside its uid, it is the remembered body byte
-//!   for byte, its uid is printable ASCII with nothing to escape, and it was sent to the same
-//!   webhook and entry and arrives under the same injector (a reload starts a new memory).
-//!   Such a body is the remembered one with another plain string where the view read the uid,
-//!   so the view reads it alike in everything else.
+//! - Its token name's suffix is left out only when the body has no `\u` escape (so no other
+//!   string can spell the name), every string that starts with `kube-api-access-` is
+//!   that one name, and the view read it exactly there: as the name of the pod's one token
+//!   volume and of mounts of it, which the engine compares with other names only and keeps
+//!   out of the template context. The name is then one no other string in the body or the
+//!   templates can equal, whatever its suffix, so another suffix changes no comparison. And
+//!   the body is kept only when, reviewed again with another suffix, it gets the same answer
+//!   byte for byte (so the answer does not carry the name either).
+//! - A body is answered from memory only when, outside its uid and its token name's suffix, it
+//!   is the remembered body byte for byte (the suffixes where the remembered body had them, as
+//!   long and of the same letters and digits), its uid is printable ASCII with nothing to
+//!   escape, and it was sent to the same webhook and entry and arrives under the same injector
+//!   (a reload starts a new memory). Such a body is the remembered one with other plain
+//!   strings where the view read the uid and the token name, so the view reads it alike in
+//!   everything else.
 //!
 //! Bounded: at most `entries` answers and [`BYTES`] bytes of bodies and answers; when either is
 //! full the memory starts over, as the render cache's tables do.
@@ -57,8 +66,10 @@ struct Table {
     answers: foldhash::HashMap<u64, Arc<Remembered>>,
     bytes: usize,
     /// Keys of bodies reviewed once and not kept: a body is kept the second time it comes, so
-    /// that bodies that never repeat cost a hash, not a copy of body and answer.
-    seen: foldhash::HashSet<u64>,
+    /// that bodies that never repeat cost a hash, not a copy of body and answer. `true`: the
+    /// body was refused (reviewed with another token suffix, it answered otherwise), so it is
+    /// not tried again.
+    seen: foldhash::HashMap<u64, bool>,
 }
 
 struct Remembered {
@@ -68,6 +79,8 @@ struct Remembered {
     body: Box<[u8]>,
     /// Where the uid's text is in `body`.
     uid: Range<usize>,
+    /// Where the token name's suffix is, from the end of the uid on (see [`token_suffixes`]).
+    suffixes: Vec<Range<usize>>,
     answer: Box<[u8]>,
     /// Where the uid's text is in `answer`.
     answer_uid: Range<usize>,
@@ -138,26 +151,80 @@ impl Memo {
                 Recall::Unkept,
             );
         };
-        let key = self.key(webhook, entry, body, &uid);
-        let (known, first_time) = self.recall(key);
+        let suffixes = token_suffixes(&body[uid.end..]);
+        let key = self.key(webhook, entry, body, &uid, &suffixes);
+        let (known, sighting) = self.recall(key);
         if let Some(known) = known
             && Arc::ptr_eq(&known.injector, inj)
             && known.webhook == webhook
             && known.entry == entry
             && known.uid.start == uid.start
             && body[..uid.start] == known.body[..uid.start]
-            && body[uid.end..] == known.body[known.uid.end..]
+            && known.suffixes == suffixes
+            && equal_but(&body[uid.end..], &known.body[known.uid.end..], &suffixes)
         {
             return (Ok(known.answer_to(&body[uid])), Recall::Hit);
         }
-        let (answer, read_at) = review::answer_located(inj, webhook, entry, body);
+        let (answer, located) = review::answer_located(inj, webhook, entry, body);
         if let Ok(answer) = &answer
-            && read_at == Some(uid.clone())
-            && !first_time
+            && sighting == Sighting::Again
+            && located.uid.as_ref() == Some(&uid)
         {
-            self.keep(key, inj, webhook, entry, body, uid, answer);
+            if suffixes.is_empty()
+                || self.same_for_another_suffix(
+                    inj, webhook, entry, body, &uid, &suffixes, &located, answer,
+                )
+            {
+                self.keep(key, inj, webhook, entry, body, uid, suffixes, answer);
+            } else {
+                self.refuse(key);
+            }
         }
         (answer, Recall::Miss)
+    }
+
+    /// Whether the token name's `suffixes` (of `body`, from the end of its uid on) are where the
+    /// view read the pod's token volume's name, and `body` with another suffix there gets
+    /// `answer` byte for byte (see the module's documentation).
+    #[allow(clippy::too_many_arguments)]
+    fn same_for_another_suffix(
+        &self,
+        inj: &Injector,
+        webhook: Webhook,
+        entry: Entry,
+        body: &[u8],
+        uid: &Range<usize>,
+        suffixes: &[Range<usize>],
+        located: &review::Located,
+        answer: &Answer,
+    ) -> bool {
+        let mut read: Vec<Range<usize>> = located
+            .token_name
+            .iter()
+            .filter_map(|name| {
+                let start = name.start.checked_sub(uid.end)? + TOKEN_PREFIX.len() - 1;
+                Some(start..name.end.checked_sub(uid.end)?)
+            })
+            .collect();
+        read.sort_by_key(|r| r.start);
+        if read != suffixes {
+            return false;
+        }
+        let mut other = body.to_vec();
+        for s in suffixes {
+            for b in &mut other[uid.end + s.start..uid.end + s.end] {
+                *b = another_letter(*b);
+            }
+        }
+        match review::answer_located(inj, webhook, entry, &other).0 {
+            Ok(again) => {
+                again.body == answer.body
+                    && again.outcome == answer.outcome
+                    && again.summary == answer.summary
+                    && again.injected == answer.injected
+            }
+            Err(_) => false,
+        }
     }
 
     /// Where the body's uid is, if the memory is on and the body is of a shape it keeps.
@@ -168,29 +235,59 @@ impl Memo {
         uid_span(body).filter(|uid| body[uid.clone()].iter().all(|b| (0x20..0x7f).contains(b)))
     }
 
-    fn key(&self, webhook: Webhook, entry: Entry, body: &[u8], uid: &Range<usize>) -> u64 {
+    fn key(
+        &self,
+        webhook: Webhook,
+        entry: Entry,
+        body: &[u8],
+        uid: &Range<usize>,
+        suffixes: &[Range<usize>],
+    ) -> u64 {
         let mut h = self.hasher.build_hasher();
         h.write_u8(webhook as u8);
         h.write_u8(entry as u8);
         h.write_usize(uid.start);
         h.write(&body[..uid.start]);
-        h.write(&body[uid.end..]);
+        let rest = &body[uid.end..];
+        let mut at = 0;
+        for s in suffixes {
+            h.write(&rest[at..s.start]);
+            h.write_usize(s.start);
+            h.write_usize(s.len());
+            at = s.end;
+        }
+        h.write(&rest[at..]);
         h.finish()
     }
 
-    /// The answer kept under `key`; if there is none, whether `key` comes for the first time
-    /// (it is noted, within a bound, for the next), under one lock.
-    fn recall(&self, key: u64) -> (Option<Arc<Remembered>>, bool) {
+    /// The answer kept under `key`; if there is none, how often `key` came before (it is
+    /// noted, within a bound, for the next), under one lock.
+    fn recall(&self, key: u64) -> (Option<Arc<Remembered>>, Sighting) {
         let Ok(mut table) = self.table.lock() else {
-            return (None, true);
+            return (None, Sighting::First);
         };
         if let Some(known) = table.answers.get(&key) {
-            return (Some(known.clone()), false);
+            return (Some(known.clone()), Sighting::Again);
         }
         if table.seen.len() >= self.entries.saturating_mul(4) {
             table.seen.clear();
         }
-        (None, table.seen.insert(key))
+        let sighting = match table.seen.insert(key, false) {
+            None => Sighting::First,
+            Some(false) => Sighting::Again,
+            Some(true) => {
+                table.seen.insert(key, true);
+                Sighting::Refused
+            }
+        };
+        (None, sighting)
+    }
+
+    /// Notes that the body under `key` is not to be kept.
+    fn refuse(&self, key: u64) {
+        if let Ok(mut table) = self.table.lock() {
+            table.seen.insert(key, true);
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -202,6 +299,7 @@ impl Memo {
         entry: Entry,
         body: &[u8],
         uid: Range<usize>,
+        suffixes: Vec<Range<usize>>,
         answer: &Answer,
     ) {
         let Some(answer_uid) = echoed_once(&answer.body, &body[uid.clone()]) else {
@@ -217,6 +315,7 @@ impl Memo {
             entry,
             body: body.into(),
             uid,
+            suffixes,
             answer: answer.body.as_slice().into(),
             answer_uid,
             outcome: answer.outcome,
@@ -274,6 +373,79 @@ fn echoed_once(answer: &[u8], uid: &[u8]) -> Option<Range<usize>> {
     }
     let start = first + KEY.len();
     Some(start..start + uid.len())
+}
+
+/// How often a body's key came before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sighting {
+    First,
+    Again,
+    /// Again, and refused before: not tried again.
+    Refused,
+}
+
+/// A ServiceAccount token volume's name, as a JSON string begins.
+const TOKEN_PREFIX: &[u8] = b"\"kube-api-access-";
+
+/// The longest token name suffix left out (the API server draws five characters).
+const SUFFIX_MAX: usize = 16;
+
+/// Where the suffix of the one token volume name in `rest` (a body after its uid) is, at every
+/// place a string starts with `kube-api-access-`: when every such string is that name, its
+/// suffix is lower-case letters and digits (at most [`SUFFIX_MAX`]), and `rest` has no `\u`
+/// escape: any other escape stands for a character no token name has (a quote, a backslash, a
+/// slash, a control character), so no escaped string can spell one. Empty otherwise (the body
+/// is then remembered with its token name, as it is).
+fn token_suffixes(rest: &[u8]) -> Vec<Range<usize>> {
+    let mut suffixes: Vec<Range<usize>> = Vec::new();
+    for at in memchr::memmem::find_iter(rest, TOKEN_PREFIX) {
+        let start = at + TOKEN_PREFIX.len();
+        let Some(len) = rest[start..]
+            .iter()
+            .take(SUFFIX_MAX + 1)
+            .position(|b| !matches!(b, b'a'..=b'z' | b'0'..=b'9'))
+        else {
+            return Vec::new();
+        };
+        let suffix = start..start + len;
+        if len == 0
+            || rest[suffix.end] != b'"'
+            || suffixes
+                .first()
+                .is_some_and(|first| rest[first.clone()] != rest[suffix.clone()])
+        {
+            return Vec::new();
+        }
+        suffixes.push(suffix);
+    }
+    if !suffixes.is_empty() && memchr::memmem::find(rest, b"\\u").is_some() {
+        return Vec::new();
+    }
+    suffixes
+}
+
+/// Whether `a` and `b` are equal but in `suffixes` (which are in both, in order).
+fn equal_but(a: &[u8], b: &[u8], suffixes: &[Range<usize>]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut at = 0;
+    for s in suffixes {
+        if a[at..s.start] != b[at..s.start] {
+            return false;
+        }
+        at = s.end;
+    }
+    a[at..] == b[at..]
+}
+
+/// Another lower-case letter or digit than `b`.
+fn another_letter(b: u8) -> u8 {
+    match b {
+        b'z' => b'a',
+        b'9' => b'0',
+        b => b + 1,
+    }
 }
 
 /// Where the text of `request.uid` is, when the review begins as the API server writes one:
@@ -406,6 +578,82 @@ mod tests {
         memo.clear();
         assert_eq!(memo.table.lock().unwrap().bytes, 0);
         assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Miss);
+    }
+
+    /// A replica: another uid, and another suffix of its token volume's name.
+    fn replica(uid: &str, suffix: &str) -> Vec<u8> {
+        String::from_utf8(with_uid(uid))
+            .unwrap()
+            .replace(
+                "kube-api-access-x7k2p",
+                &format!("kube-api-access-{suffix}"),
+            )
+            .into_bytes()
+    }
+
+    #[test]
+    fn a_replica_with_its_own_token_name_is_answered_from_memory() {
+        let inj = Arc::new(Injector::embedded(None).unwrap());
+        let memo = Memo::new(4);
+        assert_eq!(ask(&memo, &inj, &replica("a", "q8z2w")).1, Recall::Miss);
+        assert_eq!(ask(&memo, &inj, &replica("b", "m4n7b")).1, Recall::Miss);
+        for (uid, suffix) in [("c", "bcd2f"), ("d", "x7k2p"), ("e", "zzzzz")] {
+            let body = replica(uid, suffix);
+            let (answer, recall) = ask(&memo, &inj, &body);
+            assert_eq!(recall, Recall::Hit, "{suffix}");
+            let reviewed = review::answer(&inj, Webhook::Mutate, &body).unwrap();
+            assert_eq!(answer, reviewed.body);
+        }
+        // Another length, an upper-case letter, a `\u` escape elsewhere: read again.
+        for body in [
+            replica("f", "q8z2"),
+            replica("g", "Q8z2w"),
+            String::from_utf8(replica("h", "q8z2w"))
+                .unwrap()
+                .replacen("\"app\"", "\"\\u0061pp\"", 1)
+                .into_bytes(),
+        ] {
+            assert_ne!(ask(&memo, &inj, &body).1, Recall::Hit);
+        }
+    }
+
+    #[test]
+    fn a_token_name_written_elsewhere_is_not_left_out() {
+        let rest = br#"{"volumes":[{"name":"kube-api-access-ab1"}],"x":"kube-api-access-ab1"}"#;
+        assert_eq!(token_suffixes(rest).len(), 2);
+        for rest in [
+            &br#"{"a":"kube-api-access-ab1","b":"kube-api-access-ab2"}"#[..],
+            br#"{"a":"kube-api-access-ab1","b":"\u0061"}"#,
+            br#"{"a":"kube-api-access-Ab1"}"#,
+            br#"{"a":"kube-api-access-ab1-x"}"#,
+            br#"{"a":"kube-api-access-"}"#,
+            br#"{"a":"kube-api-access-abcdefghijklmnopq"}"#,
+        ] {
+            assert!(
+                token_suffixes(rest).is_empty(),
+                "{}",
+                String::from_utf8_lossy(rest)
+            );
+        }
+        // A string naming the token volume's name where the view does not read it as one (a
+        // label): the body is reviewed, never answered for another suffix.
+        let inj = Arc::new(Injector::embedded(None).unwrap());
+        let memo = Memo::new(4);
+        let labelled = |uid: &str, suffix: &str| {
+            String::from_utf8(replica(uid, suffix))
+                .unwrap()
+                .replacen(
+                    "\"labels\": {",
+                    &format!("\"labels\": {{\"v\":\"kube-api-access-{suffix}\","),
+                    1,
+                )
+                .into_bytes()
+        };
+        for (uid, suffix) in [("a", "q8z2w"), ("b", "m4n7b"), ("c", "bcd2f")] {
+            let body = labelled(uid, suffix);
+            assert!(!token_suffixes(&body).is_empty());
+            assert_eq!(ask(&memo, &inj, &body).1, Recall::Miss);
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::engine::inject::{
     to_patch,
 };
 use crate::engine::validate::{denial_message, findings, sidecars_changed};
-use crate::engine::view::{PodView, ReviewView};
+use crate::engine::view::{PodView, ReviewView, Str};
 
 /// Which webhook a review is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,16 +185,30 @@ pub fn answer_for(
     answer_located(inj, webhook, entry, body).0
 }
 
-/// [`answer_for`], and where in `body` the answer's uid was read, when the view read it as it
-/// is written there (no escapes): then the answer depends on those bytes only by echoing them,
-/// which is what lets [`super::memo`] answer a body that differs from this one only there.
-/// `None` when the uid was unescaped into a copy, or the answer came by the typed road.
+/// Where in a body the view read what [`super::memo`] may find changed in a replica's body.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Located {
+    /// The request's uid, when the view read it as it is written (no escapes): the answer
+    /// depends on those bytes only by echoing them.
+    pub uid: Option<Range<usize>>,
+    /// The pod's ServiceAccount token volume's name (`kube-api-access-` and a suffix the API
+    /// server draws for each pod), where the view read it as written: in the volume and in
+    /// every mount of a container or init container that names it. Empty when the pod has no
+    /// such volume, has more than one, or one of these names was unescaped into a copy. The
+    /// engine compares these names only with other names, and keeps them out of the template
+    /// context.
+    pub token_name: Vec<Range<usize>>,
+}
+
+/// [`answer_for`], and where in `body` the view read the request's uid and the token volume's
+/// name ([`Located`]): what lets [`super::memo`] answer a body that differs from this one only
+/// there. Nothing is located when the answer came by the typed road.
 pub fn answer_located(
     inj: &Injector,
     webhook: Webhook,
     entry: Entry,
     body: &[u8],
-) -> (Result<Answer, ReviewError>, Option<Range<usize>>) {
+) -> (Result<Answer, ReviewError>, Located) {
     // A body that is UTF-8 is read as a string: its strings need no second check.
     if let Ok(text) = simdutf8::basic::from_utf8(body)
         && let Ok(review) = ReviewView::parse(text)
@@ -214,14 +228,52 @@ pub fn answer_located(
             old_object: req.old_object.as_deref(),
         };
         if let Ok(answer) = respond(inj, webhook, entry, &r) {
-            let at = match &req.uid.0 {
-                Cow::Borrowed(uid) => span_in(text, uid),
-                Cow::Owned(_) => None,
+            let located = Located {
+                uid: borrowed_span(text, &req.uid),
+                token_name: req
+                    .object
+                    .as_deref()
+                    .map(|pod| token_name_spans(text, pod))
+                    .unwrap_or_default(),
             };
-            return (Ok(answer), at);
+            return (Ok(answer), located);
         }
     }
-    (answer_typed(inj, webhook, entry, body), None)
+    (answer_typed(inj, webhook, entry, body), Located::default())
+}
+
+/// Where `s` is in `whole`, when it was borrowed from it.
+fn borrowed_span(whole: &str, s: &Str<'_>) -> Option<Range<usize>> {
+    match &s.0 {
+        Cow::Borrowed(part) => span_in(whole, part),
+        Cow::Owned(_) => None,
+    }
+}
+
+/// See [`Located::token_name`].
+fn token_name_spans(text: &str, pod: &PodView<'_>) -> Vec<Range<usize>> {
+    let volumes = pod.spec.as_ref().map_or(&[][..], |s| s.volumes());
+    let mut tokens = volumes
+        .iter()
+        .filter(|v| matches!(v.is_token_volume(), Ok(true)));
+    let (Some(token), None) = (tokens.next(), tokens.next()) else {
+        return Vec::new();
+    };
+    let mut spans = Vec::with_capacity(4);
+    let names = pod
+        .containers()
+        .iter()
+        .chain(pod.init_containers())
+        .flat_map(|c| c.volume_mounts.as_deref().unwrap_or_default())
+        .filter_map(|m| m.name.as_ref())
+        .filter(|name| name.as_str() == token.name.as_str());
+    for name in std::iter::once(&token.name).chain(names) {
+        match borrowed_span(text, name) {
+            Some(span) => spans.push(span),
+            None => return Vec::new(),
+        }
+    }
+    spans
 }
 
 /// Where `part`, a slice of `whole`, sits in it.

@@ -91,9 +91,9 @@ pub struct ServeArgs {
     #[arg(long, env = "SIDECAR_INJECTOR_SHUTDOWN_TIMEOUT", value_parser = parse_duration, default_value = "20s")]
     pub shutdown_timeout: Duration,
     /// How many recent answers to keep, by request body: a pod that arrives like one just
-    /// answered but for its uid (the replicas of a workload that mounts no service account
-    /// token, created in the same second) is answered from memory without being read again.
-    /// At most 8 MiB; 0 turns it off.
+    /// answered but for its uid and its service account token volume's random name (the
+    /// replicas of a workload, created in the same second) is answered from memory without
+    /// being read again. At most 8 MiB; 0 turns it off.
     #[arg(long, env = "SIDECAR_INJECTOR_MEMO_ENTRIES", default_value_t = crate::engine::memo::DEFAULT_ENTRIES)]
     pub memo_entries: usize,
     /// How often files are re-checked in case a change notification was missed.

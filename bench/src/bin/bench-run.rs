@@ -137,10 +137,8 @@ struct Latency {
     rate: f64,
     hook: LoadReport,
     ceil: LoadReport,
-    /// The webhook with its memory of answers off: every review read in full.
-    unmemo: LoadReport,
-    /// The webhook sent replicas that mount no token (alike but for the uid).
-    replicas: LoadReport,
+    /// The webhook with its memory of answers on, as deployed.
+    memo: LoadReport,
     /// Half the webhook's own saturation rate.
     own_rate: f64,
     own: LoadReport,
@@ -382,24 +380,25 @@ fn main() -> anyhow::Result<()> {
         &cert,
         &key,
         &tmp.join("webhook.log"),
-        &[],
-    )?;
-    let first_ready = wait_ready(&mut webhook, admin_port, webhook_start)?;
-    // The same webhook with its memory of answers off, so that every review is read in full:
-    // the bench sends one pod over and over (with a fresh uid each time, as the API server
-    // gives each request), which is what a rollout sends, and the memory answers all of them
-    // but the first. This row says what the same load costs when no pod repeats.
-    let (unmemo_port, unmemo_admin) = (free_port()?, free_port()?);
-    let mut unmemo = spawn_webhook(
-        &webhook_bin,
-        unmemo_port,
-        unmemo_admin,
-        &cert,
-        &key,
-        &tmp.join("webhook-memo-off.log"),
         &["--memo-entries", "0"],
     )?;
-    wait_ready(&mut unmemo, unmemo_admin, Instant::now())?;
+    let first_ready = wait_ready(&mut webhook, admin_port, webhook_start)?;
+    // The webhook judged by the goals runs with its memory of answers off, so that every
+    // review is read in full: the bench sends one pod over and over (with a uid and a token
+    // volume name of its own each time, as the API server sends a workload's replicas), which
+    // the memory answers from the third on. The same webhook as deployed, its memory on, runs
+    // beside it in the same turns: what a rollout of one workload costs.
+    let (memo_port, memo_admin) = (free_port()?, free_port()?);
+    let mut memo = spawn_webhook(
+        &webhook_bin,
+        memo_port,
+        memo_admin,
+        &cert,
+        &key,
+        &tmp.join("webhook-memo-on.log"),
+        &[],
+    )?;
+    wait_ready(&mut memo, memo_admin, Instant::now())?;
     wait_listening(&mut ceiling, ceiling_port, Duration::from_secs(10))?;
     eprintln!(
         "webhook ready in {:.1} ms; checking first answers",
@@ -407,11 +406,7 @@ fn main() -> anyhow::Result<()> {
     );
     let ceiling_ep = Endpoint::mutate("ceiling", ceiling_port, &[]);
     let webhook_ep = Endpoint::mutate("webhook", webhook_port, &[]);
-    let unmemo_ep = Endpoint::mutate("webhook-memo-off", unmemo_port, &[]);
-    // The webhook (its memory on) sent the pod of replicas that mount no service account
-    // token: alike but for the uid, as a real API server sends them (the ServiceAccount
-    // admission's random token volume name is what makes the others differ).
-    let replicas_ep = Endpoint::mutate("webhook-replicas", webhook_port, &["--fixed-token"]);
+    let memo_ep = Endpoint::mutate("webhook-memo-on", memo_port, &[]);
 
     // The peer: Istio's injector, with as many Go threads running at once as the webhook's
     // runtime has workers (tokio's default: one per core this process may use).
@@ -456,7 +451,7 @@ fn main() -> anyhow::Result<()> {
         &large_body,
         review_with_env(&[bench.args.large_env, bench.args.large_env])?,
     )?;
-    for ep in [Some(webhook_ep), Some(unmemo_ep), Some(ceiling_ep), peer_ep]
+    for ep in [Some(webhook_ep), Some(memo_ep), Some(ceiling_ep), peer_ep]
         .into_iter()
         .flatten()
     {
@@ -493,7 +488,7 @@ fn main() -> anyhow::Result<()> {
         None => Err("no peer".to_owned()),
     };
 
-    let mut servers = vec![(0, ceiling_ep), (1, webhook_ep), (3, unmemo_ep)];
+    let mut servers = vec![(0, ceiling_ep), (1, webhook_ep), (3, memo_ep)];
     if let Some(ep) = peer_ep {
         servers.push((2, ep));
     }
@@ -530,20 +525,14 @@ fn main() -> anyhow::Result<()> {
         );
         // Webhook and ceiling take turns (ABBA), so that a machine that drifts during the
         // runs does not favour one; each side's percentiles are over all its rounds' latencies.
-        // The webhook with its memory off, and the webhook sent replicas that repeat, run in the
-        // same turns (ABCD, DCBA, ...).
-        let mut sides: [(Endpoint, Vec<LoadReport>, Vec<u64>); 4] = [
+        // The webhook with its memory on runs in the same turns (ABC, CBA, ...).
+        let mut sides: [(Endpoint, Vec<LoadReport>, Vec<u64>); 3] = [
             (webhook_ep, Vec::new(), Vec::new()),
             (ceiling_ep, Vec::new(), Vec::new()),
-            (unmemo_ep, Vec::new(), Vec::new()),
-            (replicas_ep, Vec::new(), Vec::new()),
+            (memo_ep, Vec::new(), Vec::new()),
         ];
         for round in 0..bench.args.latency_rounds {
-            let order: [usize; 4] = if round % 2 == 0 {
-                [0, 1, 2, 3]
-            } else {
-                [3, 2, 1, 0]
-            };
+            let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
             for side in order {
                 let (ep, reports, all) = &mut sides[side];
                 let file = tmp.join(format!("latencies-{}-{round}.bin", ep.name));
@@ -556,36 +545,34 @@ fn main() -> anyhow::Result<()> {
         let [
             (_, hook_runs, hook_ns),
             (_, ceil_runs, ceil_ns),
-            (_, unmemo_runs, unmemo_ns),
-            (_, replicas_runs, replicas_ns),
+            (_, memo_runs, memo_ns),
         ] = sides;
-        let replicas = LoadReport::pooled(&replicas_runs, replicas_ns)?;
         let hook = LoadReport::pooled(&hook_runs, hook_ns)?;
         let ceil = LoadReport::pooled(&ceil_runs, ceil_ns)?;
-        let unmemo = LoadReport::pooled(&unmemo_runs, unmemo_ns)?;
+        let memo = LoadReport::pooled(&memo_runs, memo_ns)?;
         let own = bench.load(webhook_ep, proto, Some(own_rate))?;
-        errors += hook.errors + ceil.errors + own.errors + unmemo.errors + replicas.errors;
-        errors += hook.invalid + ceil.invalid + own.invalid + unmemo.invalid + replicas.invalid;
+        errors += hook.errors + ceil.errors + own.errors + memo.errors;
+        errors += hook.invalid + ceil.invalid + own.invalid + memo.invalid;
         latency.push(Latency {
             proto,
             rate,
             hook,
             ceil,
-            unmemo,
-            replicas,
+            memo,
             own_rate,
             own,
         });
     }
 
-    // 4: footprint. VmHWM is the peak resident set since the process started.
-    let rss_mb = vm_hwm_kib(webhook.pid())? as f64 / 1024.0;
+    // 4: footprint. VmHWM is the peak resident set since the process started; the goal's is
+    // the larger of the two webhooks' (the memory of answers keeps bodies and answers).
+    let rss_mb = vm_hwm_kib(webhook.pid())?.max(vm_hwm_kib(memo.pid())?) as f64 / 1024.0;
     let ceiling_rss_mb = vm_hwm_kib(ceiling.pid())? as f64 / 1024.0;
     // The large pod, webhook and peer (if it injects it) alternating the same way (HTTP/1.1, the
     // same shape). After the footprint is read: 16 large bodies in flight raise a peak RSS that
     // is the typical review's goal.
     let mut large: [Option<LoadReport>; 3] = [None, None, None];
-    let mut large_servers = vec![(0, webhook_ep), (2, unmemo_ep)];
+    let mut large_servers = vec![(0, webhook_ep), (2, memo_ep)];
     if let Ok(peer_ep) = &peer_large {
         large_servers.push((1, *peer_ep));
     }
@@ -613,10 +600,10 @@ fn main() -> anyhow::Result<()> {
     };
     webhook.exited()?;
     ceiling.exited()?;
-    unmemo.exited()?;
+    memo.exited()?;
     drop(webhook);
     drop(ceiling);
-    drop(unmemo);
+    drop(memo);
     let istio_rss_mb = match &mut peer {
         Some((server, _)) => {
             let rss = vm_hwm_kib(server.pid())? as f64 / 1024.0;
@@ -666,12 +653,12 @@ fn main() -> anyhow::Result<()> {
 
     let [ceiling_rps, ceiling_rps_h2] = best[0];
     let [webhook_rps, webhook_rps_h2] = best[1];
-    let [unmemo_rps, unmemo_rps_h2] = best[3];
+    let [memo_rps, memo_rps_h2] = best[3];
     let [istio_rps, istio_rps_h2] = match peer_ep {
         Some(_) => best[2].map(Some),
         None => [None, None],
     };
-    let [large_webhook, large_istio, large_unmemo] = &large;
+    let [large_webhook, large_istio, large_memo] = &large;
     let large_ratio = large_webhook
         .as_ref()
         .zip(large_istio.as_ref())
@@ -804,7 +791,7 @@ fn main() -> anyhow::Result<()> {
         "review: {review_bytes}-byte AdmissionReview (bench/review.json), POST /mutate over TLS"
     );
     println!(
-        "load: that pod with a uid and a service account token volume name of its own on every request, as a real API server sends a workload's replicas (its ServiceAccount admission names each pod's token volume at random), so the webhook's memory of answers answers none of them; rows \"memory of answers off\": the same load, the memory off; rows \"replicas without a token volume\": the same token name every time, alike but for the uid, as replicas that mount no token arrive, answered from memory"
+        "load: that pod with a uid and a service account token volume name of its own on every request, as a real API server sends a workload's replicas (its ServiceAccount admission names each pod's token volume at random); rows \"webhook\": its memory of answers off, every review read in full (what the goals judge); rows \"memory of answers on\": the same webhook as deployed, which answers the replicas from memory from the third on"
     );
     let loads: Vec<f64> = bench
         .runs
@@ -843,7 +830,7 @@ fn main() -> anyhow::Result<()> {
             peer.map_or("not measured".into(), |i| format!("{:.2}", w / i))
         );
         println!(
-            "| webhook, memory of answers off | {label} | {shape} | {:.0} | {:.2} | |",
+            "| webhook, memory of answers on | {label} | {shape} | {:.0} | {:.2} | |",
             best[3][p],
             best[3][p] / c
         );
@@ -860,13 +847,13 @@ fn main() -> anyhow::Result<()> {
         bench.args.rounds
     );
     println!("|---|---:|---:|---:|---:|");
-    let unmemo_large_ratio = large_unmemo
+    let memo_large_ratio = large_memo
         .as_ref()
         .zip(large_istio.as_ref())
         .map(|(w, i)| w.rps / i.rps);
     for (name, report) in [
         ("webhook", large_webhook),
-        ("webhook, memory of answers off", large_unmemo),
+        ("webhook, memory of answers on", large_memo),
         ("istio", large_istio),
     ] {
         match report {
@@ -875,9 +862,9 @@ fn main() -> anyhow::Result<()> {
                 r.rps,
                 r.p50_ms,
                 r.p99_ms,
-                match (name, large_ratio, unmemo_large_ratio) {
+                match (name, large_ratio, memo_large_ratio) {
                     ("webhook", Some(ratio), _) => format!("{ratio:.2}"),
-                    ("webhook, memory of answers off", _, Some(ratio)) => format!("{ratio:.2}"),
+                    ("webhook, memory of answers on", _, Some(ratio)) => format!("{ratio:.2}"),
                     _ => String::new(),
                 }
             ),
@@ -899,19 +886,16 @@ fn main() -> anyhow::Result<()> {
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let rounds = bench.args.latency_rounds;
-    let (hook_label, ceil_label, unmemo_label) = (
+    let (hook_label, ceil_label, memo_label) = (
         format!("webhook ({rounds} runs, pooled)"),
         format!("ceiling ({rounds} runs, pooled)"),
-        format!("webhook, memory of answers off ({rounds} runs, pooled)"),
+        format!("webhook, memory of answers on ({rounds} runs, pooled)"),
     );
-    let replicas_label =
-        format!("webhook, replicas without a token volume: from memory ({rounds} runs, pooled)");
     for l in &latency {
         for (name, rate, r) in [
             (hook_label.as_str(), l.rate, &l.hook),
             (ceil_label.as_str(), l.rate, &l.ceil),
-            (unmemo_label.as_str(), l.rate, &l.unmemo),
-            (replicas_label.as_str(), l.rate, &l.replicas),
+            (memo_label.as_str(), l.rate, &l.memo),
             ("webhook, at half its own rate", l.own_rate, &l.own),
         ] {
             println!(
@@ -942,7 +926,7 @@ fn main() -> anyhow::Result<()> {
     println!();
     println!("| footprint | value |");
     println!("|---|---:|");
-    println!("| webhook peak RSS (VmHWM) after all load | {rss_mb:.1} MiB |");
+    println!("| webhooks' peak RSS (VmHWM, the larger) after all load | {rss_mb:.1} MiB |");
     println!("| ceiling peak RSS (VmHWM) after all load | {ceiling_rss_mb:.1} MiB |");
     if let Some(rss) = large_rss_mb {
         println!("| webhook peak RSS (VmHWM) after the large pod too | {rss:.1} MiB |");
@@ -1019,19 +1003,19 @@ fn main() -> anyhow::Result<()> {
             "given_up_h2": row(h2).unsent,
         })
     };
-    let mut memo_off = latency_rows(|l| &l.unmemo);
-    if let Some(fields) = memo_off.as_object_mut() {
+    let mut memo_on = latency_rows(|l| &l.memo);
+    if let Some(fields) = memo_on.as_object_mut() {
         for (key, value) in [
-            ("rps", json!(unmemo_rps)),
-            ("rps_h2", json!(unmemo_rps_h2)),
-            ("rps_ratio", json!(unmemo_rps / ceiling_rps)),
-            ("rps_ratio_h2", json!(unmemo_rps_h2 / ceiling_rps_h2)),
-            ("large_pod_rps", json!(large_unmemo.as_ref().map(|r| r.rps))),
+            ("rps", json!(memo_rps)),
+            ("rps_h2", json!(memo_rps_h2)),
+            ("rps_ratio", json!(memo_rps / ceiling_rps)),
+            ("rps_ratio_h2", json!(memo_rps_h2 / ceiling_rps_h2)),
+            ("large_pod_rps", json!(large_memo.as_ref().map(|r| r.rps))),
             (
                 "large_pod_p50_ms",
-                json!(large_unmemo.as_ref().map(|r| r.p50_ms)),
+                json!(large_memo.as_ref().map(|r| r.p50_ms)),
             ),
-            ("large_pod_istio_ratio", json!(unmemo_large_ratio)),
+            ("large_pod_istio_ratio", json!(memo_large_ratio)),
         ] {
             fields.insert(key.to_owned(), value);
         }
@@ -1083,8 +1067,7 @@ fn main() -> anyhow::Result<()> {
         "instructions": instructions,
         "p99_ratio": p99_ratio(h1),
         "p99_ratio_h2": p99_ratio(h2),
-        "replicas_without_token": latency_rows(|l| &l.replicas),
-        "memo_off": memo_off,
+        "memo_on": memo_on,
         "latency_share": LATENCY_SHARE,
         "goals": goals,
         "machine": machine,

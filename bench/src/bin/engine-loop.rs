@@ -3,7 +3,8 @@
 //! variables. `valgrind --tool=callgrind target/release/engine-loop --iterations 200` gives
 //! instruction counts that repeat from run to run, unlike times on a shared machine. With
 //! `--memo`, through the server's memory of answers (`memo::Memo`), the reviews taking 256 uids
-//! in turn: after the first, what a replica like one just answered costs.
+//! and token volume names in turn: after the first two, what a replica like one just answered
+//! costs.
 
 use anyhow::{Context as _, ensure};
 use clap::Parser;
@@ -12,6 +13,9 @@ use sidecar_injector::config::Injector;
 use sidecar_injector::inject::Entry;
 use sidecar_injector::memo::{Memo, Recall};
 use sidecar_injector::review::{self, Outcome, Webhook};
+
+/// The token volume's name in bench/review.json.
+const TOKEN_NAME: &str = "kube-api-access-x7k2p";
 
 /// Replicas (uids) made for `--memo`.
 const MEMO_BODIES: u64 = 256;
@@ -80,7 +84,9 @@ fn main() -> anyhow::Result<()> {
         let bodies: Vec<Vec<u8>> = (0..MEMO_BODIES)
             .map(|n| {
                 let fresh = sidecar_injector_bench::numbered_uid(&uid, n);
+                // And a token volume name of its own, as the API server gives each replica.
                 text.replacen(&quoted, &format!("\"{fresh}\""), 1)
+                    .replace(TOKEN_NAME, &format!("kube-api-access-{n:05x}"))
                     .into_bytes()
             })
             .collect();

@@ -93,8 +93,8 @@ struct Args {
     /// Send the body's own service account token volume name (`kube-api-access-` and five
     /// characters, wherever it is written) on every request. Without it every request gets a
     /// name of its own, as the API server's ServiceAccount admission gives every pod that
-    /// mounts a token: so no two requests send the same pod, unless this is given (a pod that
-    /// mounts no token, whose replicas do arrive alike but for the uid).
+    /// mounts a token (the webhook's memory of answers leaves that name's suffix out, where
+    /// the pod names its token volume); with it, requests are alike but for the uid.
     #[arg(long)]
     fixed_token: bool,
     /// Send one request, check it is a 200 AdmissionReview that allows with a JSONPatch, and
