@@ -40,7 +40,7 @@ impl std::error::Error for JsonError {}
 pub type Result<T> = std::result::Result<T, JsonError>;
 
 /// A JSON value as it is written in the text (checked), for reading it later the typed way.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Raw<'a>(&'a str);
 
 impl<'a> Raw<'a> {

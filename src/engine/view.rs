@@ -340,9 +340,9 @@ fn object_json(members: &Members<'_>) -> String {
     out
 }
 
-/// A container: the fields the engine reads, and every member's JSON. The container is read
-/// once: each member is kept as its JSON text, and the ones the engine reads (its name, env
-/// names, mount names and paths) are read in the same pass.
+/// A container: the fields the engine reads, and its JSON. The container is read once: the
+/// fields the engine reads (its name, env names, mount names and paths) are read in the same
+/// pass that checks the rest.
 #[derive(Clone, Debug)]
 pub struct ContainerView<'a> {
     pub name: Str<'a>,
@@ -355,14 +355,14 @@ pub struct ContainerView<'a> {
     pub ports: Option<Raw<'a>>,
     pub env: Option<Vec<NameView<'a>>>,
     pub volume_mounts: Option<Vec<MountView<'a>>>,
-    /// Every member.
-    pub members: Members<'a>,
+    /// The container as it is written (a repeated member stays repeated).
+    pub json: Raw<'a>,
 }
 
 impl ContainerView<'_> {
     /// The typed container (k8s-openapi), for a field-by-field comparison.
     pub fn typed(&self) -> Result<k8s_openapi::api::core::v1::Container, serde_json::Error> {
-        serde_json::from_str(&object_json(&self.members))
+        serde_json::from_str(self.json.get())
     }
 }
 
@@ -793,51 +793,48 @@ fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
         ports: None,
         env: None,
         volume_mounts: None,
-        members: Vec::with_capacity(16),
+        json: Raw::default(),
     };
     // A field the engine reads, given twice, is left to the typed road (k8s-openapi keeps the
     // last; the view does not guess).
     let mut read = 0;
-    r.object(|r, key| {
-        let raw = match &*key {
-            "name" => {
-                once(r, &mut read, 1)?;
-                let (name, raw) = r.spanned(opt_string)?;
-                c.name = name.unwrap_or_default();
-                raw
-            }
-            "env" => {
-                once(r, &mut read, 2)?;
-                let (env, raw) = r.spanned(|r| optional(r, |r| list_inline(r, name_view)))?;
-                c.env = env;
-                raw
-            }
-            "volumeMounts" => {
-                once(r, &mut read, 4)?;
-                let (mounts, raw) = r.spanned(|r| optional(r, |r| list_inline(r, mount)))?;
-                c.volume_mounts = mounts;
-                raw
-            }
-            field => {
-                let slot = match field {
-                    "image" => Some((8, &mut c.image)),
-                    "command" => Some((16, &mut c.command)),
-                    "args" => Some((32, &mut c.args)),
-                    "workingDir" => Some((64, &mut c.working_dir)),
-                    "ports" => Some((128, &mut c.ports)),
-                    _ => None,
-                };
-                let raw = r.raw()?;
-                if let Some((bit, slot)) = slot {
-                    once(r, &mut read, bit)?;
-                    *slot = present(raw);
+    let ((), json) = r.spanned(|r| {
+        r.object(|r, key| {
+            match &*key {
+                "name" => {
+                    once(r, &mut read, 1)?;
+                    c.name = opt_string(r)?.unwrap_or_default();
                 }
-                raw
+                "env" => {
+                    once(r, &mut read, 2)?;
+                    c.env = optional(r, |r| list_inline(r, name_view))?;
+                }
+                "volumeMounts" => {
+                    once(r, &mut read, 4)?;
+                    c.volume_mounts = optional(r, |r| list_inline(r, mount))?;
+                }
+                field => {
+                    let slot = match field {
+                        "image" => Some((8, &mut c.image)),
+                        "command" => Some((16, &mut c.command)),
+                        "args" => Some((32, &mut c.args)),
+                        "workingDir" => Some((64, &mut c.working_dir)),
+                        "ports" => Some((128, &mut c.ports)),
+                        _ => None,
+                    };
+                    match slot {
+                        Some((bit, slot)) => {
+                            once(r, &mut read, bit)?;
+                            *slot = present(r.raw()?);
+                        }
+                        None => r.skip()?,
+                    }
+                }
             }
-        };
-        c.members.push((Str(key), raw));
-        Ok(())
+            Ok(())
+        })
     })?;
+    c.json = json;
     Ok(c)
 }
 
