@@ -202,7 +202,7 @@ impl Memo {
             .token_name
             .iter()
             .filter_map(|name| {
-                let start = name.start.checked_sub(uid.end)? + TOKEN_PREFIX.len() - 1;
+                let start = name.start.checked_sub(uid.end)? + TOKEN_PREFIX.len();
                 Some(start..name.end.checked_sub(uid.end)?)
             })
             .collect();
@@ -384,8 +384,13 @@ enum Sighting {
     Refused,
 }
 
-/// A ServiceAccount token volume's name, as a JSON string begins.
-const TOKEN_PREFIX: &[u8] = b"\"kube-api-access-";
+/// How a ServiceAccount token volume's name begins.
+const TOKEN_PREFIX: &[u8] = b"kube-api-access-";
+
+/// A searcher for [`TOKEN_PREFIX`], built once. (Without the string's opening quote, checked
+/// apart: a quote, common in JSON, would make a poor byte for the search to look for first.)
+static TOKEN_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(TOKEN_PREFIX));
 
 /// The longest token name suffix left out (the API server draws five characters).
 const SUFFIX_MAX: usize = 16;
@@ -398,7 +403,11 @@ const SUFFIX_MAX: usize = 16;
 /// is then remembered with its token name, as it is).
 fn token_suffixes(rest: &[u8]) -> Vec<Range<usize>> {
     let mut suffixes: Vec<Range<usize>> = Vec::new();
-    for at in memchr::memmem::find_iter(rest, TOKEN_PREFIX) {
+    for at in TOKEN_FINDER.find_iter(rest) {
+        // A string that starts with the prefix (another that only contains it is not a name).
+        if at == 0 || rest[at - 1] != b'"' {
+            continue;
+        }
         let start = at + TOKEN_PREFIX.len();
         let Some(len) = rest[start..]
             .iter()
@@ -418,7 +427,10 @@ fn token_suffixes(rest: &[u8]) -> Vec<Range<usize>> {
         }
         suffixes.push(suffix);
     }
-    if !suffixes.is_empty() && memchr::memmem::find(rest, b"\\u").is_some() {
+    // A `\\u` (or an escaped backslash before a `u`, which refuses a body for nothing).
+    if !suffixes.is_empty()
+        && memchr::memchr_iter(b'\\', rest).any(|at| rest.get(at + 1) == Some(&b'u'))
+    {
         return Vec::new();
     }
     suffixes
