@@ -65,11 +65,9 @@ pub struct Memo {
 struct Table {
     answers: foldhash::HashMap<u64, Arc<Remembered>>,
     bytes: usize,
-    /// Keys of bodies reviewed once and not kept: a body is kept the second time it comes, so
-    /// that bodies that never repeat cost a hash, not a copy of body and answer. `true`: the
-    /// body was refused (reviewed with another token suffix, it answered otherwise), so it is
-    /// not tried again.
-    seen: foldhash::HashMap<u64, bool>,
+    /// Keys of bodies reviewed and not kept (now): a body is kept the second time it comes, so
+    /// that bodies that never repeat cost a hash, not a copy of body and answer.
+    seen: foldhash::HashMap<u64, Sighting>,
 }
 
 struct Remembered {
@@ -167,25 +165,30 @@ impl Memo {
         }
         let (answer, located) = review::answer_located(inj, webhook, entry, body);
         if let Ok(answer) = &answer
-            && sighting == Sighting::Again
+            && matches!(sighting, Sighting::Again | Sighting::Checked)
             && located.uid.as_ref() == Some(&uid)
         {
-            if suffixes.is_empty()
-                || self.same_for_another_suffix(
-                    inj, webhook, entry, body, &uid, &suffixes, &located, answer,
-                )
-            {
+            let keep = suffixes.is_empty()
+                || (read_where(&located, &uid, &suffixes)
+                    && (sighting == Sighting::Checked
+                        || self.same_for_another_suffix(
+                            inj, webhook, entry, body, &uid, &suffixes, answer,
+                        )));
+            let noted = match (keep, suffixes.is_empty()) {
+                (false, _) => Sighting::Refused,
+                (true, false) => Sighting::Checked,
+                (true, true) => Sighting::Again,
+            };
+            self.note(key, noted);
+            if keep {
                 self.keep(key, inj, webhook, entry, body, uid, suffixes, answer);
-            } else {
-                self.refuse(key);
             }
         }
         (answer, Recall::Miss)
     }
 
-    /// Whether the token name's `suffixes` (of `body`, from the end of its uid on) are where the
-    /// view read the pod's token volume's name, and `body` with another suffix there gets
-    /// `answer` byte for byte (see the module's documentation).
+    /// Whether `body` with another suffix where its token name's `suffixes` are (from the end
+    /// of its uid on) gets `answer` byte for byte (see the module's documentation).
     #[allow(clippy::too_many_arguments)]
     fn same_for_another_suffix(
         &self,
@@ -195,21 +198,8 @@ impl Memo {
         body: &[u8],
         uid: &Range<usize>,
         suffixes: &[Range<usize>],
-        located: &review::Located,
         answer: &Answer,
     ) -> bool {
-        let mut read: Vec<Range<usize>> = located
-            .token_name
-            .iter()
-            .filter_map(|name| {
-                let start = name.start.checked_sub(uid.end)? + TOKEN_PREFIX.len();
-                Some(start..name.end.checked_sub(uid.end)?)
-            })
-            .collect();
-        read.sort_by_key(|r| r.start);
-        if read != suffixes {
-            return false;
-        }
         let mut other = body.to_vec();
         for s in suffixes {
             for b in &mut other[uid.end + s.start..uid.end + s.end] {
@@ -260,8 +250,8 @@ impl Memo {
         h.finish()
     }
 
-    /// The answer kept under `key`; if there is none, how often `key` came before (it is
-    /// noted, within a bound, for the next), under one lock.
+    /// The answer kept under `key`; if there is none, how `key` came before (it is noted,
+    /// within a bound, for the next), under one lock.
     fn recall(&self, key: u64) -> (Option<Arc<Remembered>>, Sighting) {
         let Ok(mut table) = self.table.lock() else {
             return (None, Sighting::First);
@@ -272,21 +262,20 @@ impl Memo {
         if table.seen.len() >= self.entries.saturating_mul(4) {
             table.seen.clear();
         }
-        let sighting = match table.seen.insert(key, false) {
-            None => Sighting::First,
-            Some(false) => Sighting::Again,
-            Some(true) => {
-                table.seen.insert(key, true);
-                Sighting::Refused
+        match table.seen.get(&key) {
+            Some(&before) => (None, before),
+            None => {
+                table.seen.insert(key, Sighting::Again);
+                (None, Sighting::First)
             }
-        };
-        (None, sighting)
+        }
     }
 
-    /// Notes that the body under `key` is not to be kept.
-    fn refuse(&self, key: u64) {
+    /// Notes how the body under `key` is to be taken when it comes again (a body that is kept
+    /// and later forgotten when the memory starts over comes again too).
+    fn note(&self, key: u64, sighting: Sighting) {
         if let Ok(mut table) = self.table.lock() {
-            table.seen.insert(key, true);
+            table.seen.insert(key, sighting);
         }
     }
 
@@ -326,7 +315,9 @@ impl Memo {
             return;
         };
         if table.answers.len() >= self.entries || table.bytes + size > BYTES {
-            *table = Table::default();
+            // Starts over; the record of keys seen has a bound of its own.
+            table.answers.clear();
+            table.bytes = 0;
         }
         if let Some(replaced) = table.answers.insert(key, remembered) {
             table.bytes -= replaced.body.len() + replaced.answer.len();
@@ -375,13 +366,34 @@ fn echoed_once(answer: &[u8], uid: &[u8]) -> Option<Range<usize>> {
     Some(start..start + uid.len())
 }
 
-/// How often a body's key came before.
+/// How a body's key came before.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sighting {
+    /// Never (as far as the bounded record of keys goes).
     First,
+    /// Before: kept now, if it can be.
     Again,
-    /// Again, and refused before: not tried again.
+    /// Before, and kept with its token name's suffix left out once the check with another
+    /// suffix held: kept again without that check (a memory that started over, when full, does
+    /// not review such bodies twice each time it takes them back).
+    Checked,
+    /// Before, and not to be kept (the check with another suffix did not hold).
     Refused,
+}
+
+/// Whether the token name's `suffixes` (from the end of the uid on) are exactly where the view
+/// read the pod's token volume's name.
+fn read_where(located: &review::Located, uid: &Range<usize>, suffixes: &[Range<usize>]) -> bool {
+    let mut read: Vec<Range<usize>> = located
+        .token_name
+        .iter()
+        .filter_map(|name| {
+            let start = name.start.checked_sub(uid.end)? + TOKEN_PREFIX.len();
+            Some(start..name.end.checked_sub(uid.end)?)
+        })
+        .collect();
+    read.sort_by_key(|r| r.start);
+    read == suffixes
 }
 
 /// How a ServiceAccount token volume's name begins.
@@ -627,6 +639,31 @@ mod tests {
         ] {
             assert_ne!(ask(&memo, &inj, &body).1, Recall::Hit);
         }
+    }
+
+    #[test]
+    fn a_memory_that_started_over_takes_a_checked_replica_back() {
+        let inj = Arc::new(Injector::embedded(None).unwrap());
+        let memo = Memo::new(1);
+        assert_eq!(ask(&memo, &inj, &replica("a", "q8z2w")).1, Recall::Miss);
+        assert_eq!(ask(&memo, &inj, &replica("b", "m4n7b")).1, Recall::Miss);
+        let checked = |memo: &Memo| {
+            let table = memo.table.lock().unwrap();
+            table.seen.values().filter(|s| **s == Sighting::Checked).count()
+        };
+        assert_eq!(checked(&memo), 1);
+        // Another body kept: the memory (one entry) starts over.
+        let other = BODY.replacen("\"namespace\"", " \"namespace\"", 1);
+        ask(&memo, &inj, other.as_bytes());
+        ask(&memo, &inj, other.as_bytes());
+        let before = checked(&memo);
+        // Taken back as checked.
+        assert_eq!(ask(&memo, &inj, &replica("c", "bcd2f")).1, Recall::Miss);
+        assert_eq!(checked(&memo), before);
+        let body = replica("d", "zz9z9");
+        let (answer, recall) = ask(&memo, &inj, &body);
+        assert_eq!(recall, Recall::Hit);
+        assert_eq!(answer, review::answer(&inj, Webhook::Mutate, &body).unwrap().body);
     }
 
     #[test]
