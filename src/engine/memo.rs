@@ -649,7 +649,11 @@ mod tests {
         assert_eq!(ask(&memo, &inj, &replica("b", "m4n7b")).1, Recall::Miss);
         let checked = |memo: &Memo| {
             let table = memo.table.lock().unwrap();
-            table.seen.values().filter(|s| **s == Sighting::Checked).count()
+            table
+                .seen
+                .values()
+                .filter(|s| **s == Sighting::Checked)
+                .count()
         };
         assert_eq!(checked(&memo), 1);
         // Another body kept: the memory (one entry) starts over.
@@ -663,7 +667,10 @@ mod tests {
         let body = replica("d", "zz9z9");
         let (answer, recall) = ask(&memo, &inj, &body);
         assert_eq!(recall, Recall::Hit);
-        assert_eq!(answer, review::answer(&inj, Webhook::Mutate, &body).unwrap().body);
+        assert_eq!(
+            answer,
+            review::answer(&inj, Webhook::Mutate, &body).unwrap().body
+        );
     }
 
     #[test]
