@@ -37,7 +37,10 @@
 //!   everything else.
 //!
 //! Bounded: at most `entries` answers and [`BYTES`] bytes of bodies and answers; when either is
-//! full the memory starts over, as the render cache's tables do.
+//! full the memory starts over, as the render cache's tables do, but no sooner than [`CHURN`]
+//! lookups per entry after it last did (meanwhile it answers what it kept and keeps nothing
+//! new): with more bodies repeating in turn than it holds, each would otherwise be copied in
+//! and dropped before it came again.
 
 use std::hash::{BuildHasher as _, Hasher as _};
 use std::ops::Range;
@@ -68,7 +71,15 @@ struct Table {
     /// Keys of bodies reviewed and not kept (now): a body is kept the second time it comes, so
     /// that bodies that never repeat cost a hash, not a copy of body and answer.
     seen: foldhash::HashMap<u64, Sighting>,
+    /// Lookups since the answers last started over: they start over when full only after
+    /// [`CHURN`] times as many lookups as they hold, so that more bodies repeating than the
+    /// memory holds (in turn) are not copied in on every request only to be dropped before
+    /// they come again; while full, the answers kept are answered and no others kept.
+    since_start: usize,
 }
+
+/// See [`Table::since_start`].
+const CHURN: usize = 4;
 
 struct Remembered {
     injector: Arc<Injector>,
@@ -151,7 +162,7 @@ impl Memo {
         };
         let suffixes = token_suffixes(&body[uid.end..]);
         let key = self.key(webhook, entry, body, &uid, &suffixes);
-        let (known, sighting) = self.recall(key);
+        let (known, sighting, room) = self.recall(key);
         if let Some(known) = known
             && Arc::ptr_eq(&known.injector, inj)
             && known.webhook == webhook
@@ -166,6 +177,7 @@ impl Memo {
         let (answer, located) = review::answer_located(inj, webhook, entry, body);
         if let Ok(answer) = &answer
             && matches!(sighting, Sighting::Again | Sighting::Checked)
+            && room
             && located.uid.as_ref() == Some(&uid)
         {
             let keep = suffixes.is_empty()
@@ -179,7 +191,9 @@ impl Memo {
                 (true, false) => Sighting::Checked,
                 (true, true) => Sighting::Again,
             };
-            self.note(key, noted);
+            if noted != sighting {
+                self.note(key, noted);
+            }
             if keep {
                 self.keep(key, inj, webhook, entry, body, uid, suffixes, answer);
             }
@@ -251,22 +265,25 @@ impl Memo {
     }
 
     /// The answer kept under `key`; if there is none, how `key` came before (it is noted,
-    /// within a bound, for the next), under one lock.
-    fn recall(&self, key: u64) -> (Option<Arc<Remembered>>, Sighting) {
+    /// within a bound, for the next); and whether there is room to keep it now. Under one lock.
+    fn recall(&self, key: u64) -> (Option<Arc<Remembered>>, Sighting, bool) {
         let Ok(mut table) = self.table.lock() else {
-            return (None, Sighting::First);
+            return (None, Sighting::First, false);
         };
+        table.since_start = table.since_start.saturating_add(1);
         if let Some(known) = table.answers.get(&key) {
-            return (Some(known.clone()), Sighting::Again);
+            return (Some(known.clone()), Sighting::Again, true);
         }
+        let room = table.answers.len() < self.entries
+            || table.since_start >= self.entries.saturating_mul(CHURN);
         if table.seen.len() >= self.entries.saturating_mul(4) {
             table.seen.clear();
         }
         match table.seen.get(&key) {
-            Some(&before) => (None, before),
+            Some(&before) => (None, before, room),
             None => {
                 table.seen.insert(key, Sighting::Again);
-                (None, Sighting::First)
+                (None, Sighting::First, room)
             }
         }
     }
@@ -315,9 +332,14 @@ impl Memo {
             return;
         };
         if table.answers.len() >= self.entries || table.bytes + size > BYTES {
+            if table.since_start < self.entries.saturating_mul(CHURN) {
+                // Full, and filled too recently to start over (another thread came first).
+                return;
+            }
             // Starts over; the record of keys seen has a bound of its own.
             table.answers.clear();
             table.bytes = 0;
+            table.since_start = 0;
         }
         if let Some(replaced) = table.answers.insert(key, remembered) {
             table.bytes -= replaced.body.len() + replaced.answer.len();
@@ -590,15 +612,23 @@ mod tests {
                 .into_bytes()
             })
             .collect();
-        for body in &bodies {
+        for body in &bodies[..2] {
             // Kept the second time it comes.
             assert_eq!(ask(&memo, &inj, body).1, Recall::Miss);
             assert_eq!(ask(&memo, &inj, body).1, Recall::Miss);
-            assert!(memo.table.lock().unwrap().answers.len() <= 2);
         }
-        // The third started the memory over.
+        assert_eq!(memo.table.lock().unwrap().answers.len(), 2);
+        // Full, and filled in fewer than CHURN x 2 lookups: the third is not kept, and the
+        // answers kept are still answered.
+        assert_eq!(ask(&memo, &inj, &bodies[2]).1, Recall::Miss);
+        assert_eq!(ask(&memo, &inj, &bodies[2]).1, Recall::Miss);
+        assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Hit);
+        // The eighth lookup: the memory starts over with the third.
+        assert_eq!(ask(&memo, &inj, &bodies[2]).1, Recall::Miss);
+        assert_eq!(memo.table.lock().unwrap().answers.len(), 1);
         assert_eq!(ask(&memo, &inj, &bodies[2]).1, Recall::Hit);
         assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Miss);
+        assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Hit);
         memo.clear();
         assert_eq!(memo.table.lock().unwrap().bytes, 0);
         assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Miss);
@@ -656,10 +686,14 @@ mod tests {
                 .count()
         };
         assert_eq!(checked(&memo), 1);
-        // Another body kept: the memory (one entry) starts over.
+        // Another body kept: the memory (one entry) starts over, and may again after CHURN
+        // lookups.
         let other = BODY.replacen("\"namespace\"", " \"namespace\"", 1);
         ask(&memo, &inj, other.as_bytes());
         ask(&memo, &inj, other.as_bytes());
+        for _ in 0..3 {
+            assert_eq!(ask(&memo, &inj, other.as_bytes()).1, Recall::Hit);
+        }
         let before = checked(&memo);
         // Taken back as checked.
         assert_eq!(ask(&memo, &inj, &replica("c", "bcd2f")).1, Recall::Miss);

@@ -97,6 +97,12 @@ struct Args {
     /// the pod names its token volume); with it, requests are alike but for the uid.
     #[arg(long)]
     fixed_token: bool,
+    /// Send the replicas of this many workloads in turn: request n belongs to workload
+    /// n % WORKLOADS, whose pods carry a `pod-template-hash` of their own (the body's, wherever
+    /// it is written, replaced by the workload's number in the alphabet of Kubernetes' random
+    /// names, as long). 1: one workload.
+    #[arg(long, default_value_t = 1)]
+    workloads: u64,
     /// Send one request, check it is a 200 AdmissionReview that allows with a JSONPatch, and
     /// print what came back.
     #[arg(long)]
@@ -121,6 +127,7 @@ fn main() -> anyhow::Result<()> {
         "--duration (0, 120]"
     );
     ensure!((0.0..=30.0).contains(&args.warmup), "--warmup [0, 30]");
+    ensure!(args.workloads >= 1, "--workloads 1 or more");
     if let Some(rate) = args.rate {
         ensure!(rate > 0.0 && rate <= 1e6, "--rate (0, 1e6]");
     }
@@ -166,6 +173,11 @@ struct Target {
     fixed_uid: bool,
     /// Where the five characters after each `kube-api-access-` are (none with --fixed-token).
     token_at: Vec<usize>,
+    /// Where the body's `pod-template-hash` is written, and how long it is (none with one
+    /// workload).
+    hash_at: Vec<usize>,
+    hash_len: usize,
+    workloads: u64,
     /// Requests numbered so far (each one's uid and token name are made from its number).
     sent: std::sync::atomic::AtomicU64,
 }
@@ -214,7 +226,26 @@ impl Target {
         } else {
             token_names(&body)
         };
+        let (hash_at, hash_len) = if args.workloads > 1 {
+            let review: serde_json::Value = serde_json::from_slice(&body)?;
+            let hash = review["request"]["object"]["metadata"]["labels"]["pod-template-hash"]
+                .as_str()
+                .filter(|h| !h.is_empty())
+                .context("--workloads needs a body whose pod has a pod-template-hash label")?
+                .to_owned();
+            ensure!(
+                args.workloads <= (TOKEN_ALPHABET.len() as u64).saturating_pow(hash.len() as u32),
+                "--workloads: more than the pod-template-hash's length can number"
+            );
+            let at = memchr::memmem::find_iter(&body, hash.as_bytes()).collect();
+            (at, hash.len())
+        } else {
+            (Vec::new(), 0)
+        };
         Ok(Self {
+            hash_at,
+            hash_len,
+            workloads: args.workloads,
             token_at,
             addr: args.addr,
             http: args.http,
@@ -231,7 +262,7 @@ impl Target {
 
     /// The next request's body and the uid its answer must echo.
     fn next(&self) -> (Bytes, String) {
-        if self.fixed_uid && self.token_at.is_empty() {
+        if self.fixed_uid && self.token_at.is_empty() && self.hash_at.is_empty() {
             return (self.body.clone(), self.uid.clone());
         }
         let n = self.sent.fetch_add(1, Ordering::Relaxed);
@@ -246,6 +277,12 @@ impl Target {
         let token = token_suffix(n);
         for &at in &self.token_at {
             body[at..at + TOKEN_SUFFIX].copy_from_slice(&token);
+        }
+        if !self.hash_at.is_empty() {
+            let hash = in_alphabet(n % self.workloads, self.hash_len);
+            for &at in &self.hash_at {
+                body[at..at + self.hash_len].copy_from_slice(&hash);
+            }
         }
         (Bytes::from(body), uid)
     }
@@ -720,8 +757,15 @@ fn token_names(body: &[u8]) -> Vec<usize> {
 }
 
 /// Request `n`'s five characters: `n` in the alphabet's base, another for every `n` below 27^5.
-fn token_suffix(mut n: u64) -> [u8; TOKEN_SUFFIX] {
-    let mut out = [TOKEN_ALPHABET[0]; TOKEN_SUFFIX];
+fn token_suffix(n: u64) -> [u8; TOKEN_SUFFIX] {
+    let mut out = [0; TOKEN_SUFFIX];
+    out.copy_from_slice(&in_alphabet(n, TOKEN_SUFFIX));
+    out
+}
+
+/// `n` written in the alphabet's base in `len` characters (its lowest digits).
+fn in_alphabet(mut n: u64, len: usize) -> Vec<u8> {
+    let mut out = vec![TOKEN_ALPHABET[0]; len];
     for slot in out.iter_mut().rev() {
         *slot = TOKEN_ALPHABET[(n % TOKEN_ALPHABET.len() as u64) as usize];
         n /= TOKEN_ALPHABET.len() as u64;
@@ -732,6 +776,17 @@ fn token_suffix(mut n: u64) -> [u8; TOKEN_SUFFIX] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A workload's pod-template-hash: as long as the body's, another for every workload.
+    #[test]
+    fn workloads_are_numbered_apart() {
+        let hashes: std::collections::HashSet<Vec<u8>> =
+            (0..729).map(|n| in_alphabet(n, 2)).collect();
+        assert_eq!(hashes.len(), 729);
+        assert!(hashes.iter().all(|h| h.len() == 2));
+        assert_eq!(in_alphabet(1, 3), b"bbc");
+        assert_eq!(&token_suffix(27)[..], b"bbbcb");
+    }
 
     fn pace(rate: f64, total: usize) -> Pace {
         let start = Instant::now();
