@@ -645,12 +645,18 @@ mod tests {
             .into_bytes()
     }
 
-    #[test]
-    fn a_replica_with_its_own_token_name_is_answered_from_memory() {
+    /// A memory of `entries` answers that has seen two replicas (and kept the second).
+    fn two_replicas_seen(entries: usize) -> (Arc<Injector>, Memo) {
         let inj = Arc::new(Injector::embedded(None).unwrap());
-        let memo = Memo::new(4);
+        let memo = Memo::new(entries);
         assert_eq!(ask(&memo, &inj, &replica("a", "q8z2w")).1, Recall::Miss);
         assert_eq!(ask(&memo, &inj, &replica("b", "m4n7b")).1, Recall::Miss);
+        (inj, memo)
+    }
+
+    #[test]
+    fn a_replica_with_its_own_token_name_is_answered_from_memory() {
+        let (inj, memo) = two_replicas_seen(4);
         for (uid, suffix) in [("c", "bcd2f"), ("d", "x7k2p"), ("e", "zzzzz")] {
             let body = replica(uid, suffix);
             let (answer, recall) = ask(&memo, &inj, &body);
@@ -673,10 +679,7 @@ mod tests {
 
     #[test]
     fn a_memory_that_started_over_takes_a_checked_replica_back() {
-        let inj = Arc::new(Injector::embedded(None).unwrap());
-        let memo = Memo::new(1);
-        assert_eq!(ask(&memo, &inj, &replica("a", "q8z2w")).1, Recall::Miss);
-        assert_eq!(ask(&memo, &inj, &replica("b", "m4n7b")).1, Recall::Miss);
+        let (inj, memo) = two_replicas_seen(1);
         let checked = |memo: &Memo| {
             let table = memo.table.lock().unwrap();
             table
