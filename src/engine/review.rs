@@ -182,7 +182,7 @@ pub fn answer_for(
     entry: Entry,
     body: &[u8],
 ) -> Result<Answer, ReviewError> {
-    answer_located(inj, webhook, entry, body).0
+    answer_in(inj, webhook, entry, body, false).0
 }
 
 /// Where in a body the view read what [`super::memo`] may find changed in a replica's body.
@@ -209,6 +209,18 @@ pub fn answer_located(
     entry: Entry,
     body: &[u8],
 ) -> (Result<Answer, ReviewError>, Located) {
+    answer_in(inj, webhook, entry, body, true)
+}
+
+/// [`answer_for`], and with `locate` [`Located`] (only the memory asks, and only for a body
+/// it may keep).
+fn answer_in(
+    inj: &Injector,
+    webhook: Webhook,
+    entry: Entry,
+    body: &[u8],
+    locate: bool,
+) -> (Result<Answer, ReviewError>, Located) {
     // A body that is UTF-8 is read as a string: its strings need no second check.
     if let Ok(text) = simdutf8::basic::from_utf8(body)
         && let Ok(review) = ReviewView::parse(text)
@@ -228,6 +240,9 @@ pub fn answer_located(
             old_object: req.old_object.as_deref(),
         };
         if let Ok(answer) = respond(inj, webhook, entry, &r) {
+            if !locate {
+                return (Ok(answer), Located::default());
+            }
             let located = Located {
                 uid: borrowed_span(text, &req.uid),
                 token_name: req
