@@ -26,6 +26,9 @@ LOADGEN_ARGS adds flags to every load run (e.g. LOADGEN_ARGS=--fixed-token: repl
 service account token). WEBHOOK_ARGS adds flags to the webhook's command line (e.g. WEBHOOK_ARGS="--memo-entries 0":
 every review read in full, as for pods that never repeat). TOKIO_WORKER_THREADS=N, read by tokio, gives both servers N runtime workers (default: one per CPU
 they may run on).
+ENGINE_RUNS=N (`eb` only) has the engine ceiling review each body N times a request: the runs
+after the first find what the first brought into the caches, so the server CPU a request of
+ENGINE_RUNS=1, 2 and 3 against the plain ceiling's tells a cold review from a warm one.
 """
 
 import array
@@ -60,7 +63,8 @@ def start(kind, port, tmp):
         env = {**os.environ, "RUST_LOG": ""}
     else:
         cmd = [f"{BIN}/ceiling", "--listen", f"127.0.0.1:{port}", "--dev-ca-file", ca,
-               "--exit-after", "3600"] + (["--engine"] if kind == "engine" else []) \
+               "--exit-after", "3600"] \
+            + (["--engine", "--engine-runs", os.environ.get("ENGINE_RUNS", "1")] if kind == "engine" else []) \
             + (["--spin-us", os.environ.get("SPIN_US", "8")] if kind == "spin" else [])
         env = os.environ
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, preexec_fn=pinned(0))

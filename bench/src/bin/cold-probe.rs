@@ -9,6 +9,9 @@
 //!   entries evicted for few cache lines);
 //! - `linesN`: N other 64-byte lines written in a row (N lines, N / 64 pages): the same lines
 //!   as `pagesN` without its pages, so the two together tell what the pages cost.
+//! - `branchesN`: N branches taken or not at random (a xorshift's bits) from 64 places in the
+//!   code: the branch predictor's history and tables filled with other branches, as the
+//!   transport's code fills them between two reviews in the server, for few cache lines.
 //!
 //! `cold-probe [--modes hot,sleep50,spin50,thrash32] [--reviews 2000]` prints the mean and the
 //! median of each. Times on a shared machine move; compare modes within one run.
@@ -39,6 +42,8 @@ enum Gap {
     Spin(Duration),
     /// Bytes between two writes, and how many writes (`thrashN` is N MiB at 64).
     Stride(usize, usize),
+    /// How many random branches.
+    Branches(usize),
 }
 
 fn gap(mode: &str) -> anyhow::Result<Gap> {
@@ -54,7 +59,8 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
         m if m.starts_with("thrash") => Gap::Stride(64, usize::try_from(number("thrash")?)? << 14),
         m if m.starts_with("pages") => Gap::Stride(4096, usize::try_from(number("pages")?)?),
         m if m.starts_with("lines") => Gap::Stride(64, usize::try_from(number("lines")?)?),
-        m => bail!("unknown mode {m:?} (hot, sleepN, spinN, thrashN, pagesN, linesN)"),
+        m if m.starts_with("branches") => Gap::Branches(usize::try_from(number("branches")?)?),
+        m => bail!("unknown mode {m:?} (hot, sleepN, spinN, thrashN, pagesN, linesN, branchesN)"),
     })
 }
 
@@ -94,6 +100,9 @@ fn main() -> anyhow::Result<()> {
                     }
                     std::hint::black_box(&other);
                 }
+                Gap::Branches(n) => {
+                    std::hint::black_box(random_branches(*n, i as u64));
+                }
             }
             let start = Instant::now();
             let answer = one_review(&injector, std::hint::black_box(&body))?;
@@ -117,4 +126,30 @@ fn main() -> anyhow::Result<()> {
 #[inline(never)]
 fn one_review(injector: &Injector, body: &[u8]) -> anyhow::Result<review::Answer> {
     Ok(review::answer(injector, Webhook::Mutate, body)?)
+}
+
+/// `n` branches whose outcomes are a xorshift's bits, spread over 64 places in the code (a
+/// macro writes each out), so that the predictor's tables hold them instead of a review's.
+#[inline(never)]
+fn random_branches(n: usize, seed: u64) -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut sum = 0u64;
+    macro_rules! place {
+        ($($k:literal)*) => {$(
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            if x & 1 == 0 {
+                sum = sum.wrapping_add($k);
+            } else {
+                sum ^= x >> $k;
+            }
+        )*};
+    }
+    for _ in 0..n.div_ceil(64) {
+        place!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32
+               33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);
+        sum = std::hint::black_box(sum);
+    }
+    sum
 }
