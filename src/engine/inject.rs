@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use arrayvec::ArrayVec;
 use foldhash::HashSet;
 
 use k8s_openapi::api::core::v1::{
@@ -232,6 +233,18 @@ pub struct PodFacts<'a> {
     pub workload: Option<Owner>,
 }
 
+/// Whether a template that reads `keys` of an object (and everything when `all`) reads `key`.
+/// Out of line: the context key asks it of some fifteen fields, and a copy of the set's search
+/// for each was code a cold review fetched.
+#[inline(never)]
+fn wants(keys: &Keys, key: &str, all: bool) -> bool {
+    match keys {
+        Keys::All => true,
+        Keys::Some(set) => set.contains(key),
+        Keys::None => all,
+    }
+}
+
 /// Appends tagged, length-prefixed fields: two keys are equal only if they hold the same
 /// fields with the same bytes.
 struct Key(Vec<u8>);
@@ -416,11 +429,7 @@ impl<'a> PodFacts<'a> {
         start: Vec<u8>,
     ) -> Vec<u8> {
         let all = reads.all;
-        let wants = |keys: &Keys, key: &str| match keys {
-            Keys::All => true,
-            Keys::Some(set) => set.contains(key),
-            Keys::None => all,
-        };
+        let wants = |keys: &Keys, key: &str| wants(keys, key, all);
         let mut key = Key(start);
         key.0.push(b'V');
         if all || reads.name {
@@ -1062,57 +1071,64 @@ pub enum Edit<'p> {
 /// A set of names: a list kept inline while it is short (most pods have a handful of
 /// containers, volumes and mounts, where a scan beats hashing, and a planning builds a dozen
 /// such sets: on the heap each was an allocation, whose memory a cold review fetched), hashed
-/// once it is long (thousands of env vars).
+/// once it is long (thousands of env vars). The inline list starts empty without writing its
+/// sixteen slots, and adding is one function for every set: a planning runs each of its
+/// loops once or twice, so the code it runs through, not the instructions, is what a review
+/// pays for (BENCHMARKS.md, "At 733d418").
 // The inline list is the point: a set lives on the stack for one planning.
 #[allow(clippy::large_enum_variant)]
 enum Names<'a> {
-    Few(usize, [&'a str; Names::FEW]),
+    Few(ArrayVec<&'a str, { Names::FEW }>),
     Many(HashSet<&'a str>),
 }
 
 impl<'a> Names<'a> {
     const FEW: usize = 16;
 
+    fn new() -> Self {
+        Names::Few(ArrayVec::new())
+    }
+
+    /// A set for `n` names: hashed from the start when they will not fit the inline list.
+    fn with_capacity(n: usize) -> Self {
+        if n <= Self::FEW {
+            Self::new()
+        } else {
+            Names::Many(HashSet::with_capacity_and_hasher(n, Default::default()))
+        }
+    }
+
     fn contains(&self, name: &str) -> bool {
         match self {
-            Names::Few(len, list) => list[..*len].contains(&name),
+            Names::Few(list) => list.contains(&name),
             Names::Many(set) => set.contains(name),
         }
     }
 
     /// Adds a name; false when it was there already.
+    #[inline(never)]
     fn insert(&mut self, name: &'a str) -> bool {
-        match self {
-            Names::Few(len, list) if list[..*len].contains(&name) => false,
-            Names::Few(len, list) if *len < Self::FEW => {
-                list[*len] = name;
-                *len += 1;
-                true
-            }
-            Names::Few(len, list) => {
-                let mut set: HashSet<&str> =
-                    HashSet::with_capacity_and_hasher(*len * 2, Default::default());
-                set.extend(&list[..*len]);
-                set.insert(name);
-                *self = Names::Many(set);
-                true
-            }
-            Names::Many(set) => set.insert(name),
+        let list = match self {
+            Names::Many(set) => return set.insert(name),
+            Names::Few(list) if list.contains(&name) => return false,
+            Names::Few(list) => list,
+        };
+        if list.try_push(name).is_ok() {
+            return true;
         }
+        let mut set: HashSet<&str> =
+            HashSet::with_capacity_and_hasher(list.len() * 2, Default::default());
+        set.extend(list.iter().copied());
+        set.insert(name);
+        *self = Names::Many(set);
+        true
     }
 }
 
 impl<'a> FromIterator<&'a str> for Names<'a> {
     fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
         let iter = iter.into_iter();
-        let mut names = if iter.size_hint().0 <= Self::FEW {
-            Names::Few(0, [""; Self::FEW])
-        } else {
-            Names::Many(HashSet::with_capacity_and_hasher(
-                iter.size_hint().0,
-                Default::default(),
-            ))
-        };
+        let mut names = Self::with_capacity(iter.size_hint().0);
         for name in iter {
             names.insert(name);
         }
@@ -1124,29 +1140,29 @@ impl<'a> FromIterator<&'a str> for Names<'a> {
 /// edits and planning again yields no edits (the fixed point).
 pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> Vec<Edit<'p>> {
     let spec = pod.spec.as_ref();
-    let mut taken: Names<'_> = pod
-        .containers()
-        .iter()
-        .chain(pod.init_containers())
-        .map(|c| c.name.as_str())
-        .collect();
-    let sidecars: Names<'_> = plan
-        .templates
-        .iter()
-        .flat_map(|t| t.fragment.sidecar_names())
-        .collect();
-    let mut volumes: Names<'_> = spec
-        .map(|s| s.volumes())
-        .unwrap_or_default()
-        .iter()
-        .map(|v| v.name.as_str())
-        .collect();
-    let mut secrets: Names<'_> = spec
-        .map(|s| s.image_pull_secrets())
-        .unwrap_or_default()
-        .iter()
-        .map(|s| s.name())
-        .collect();
+    // The sets are filled by plain loops: a `collect` for each was an iterator's code of its
+    // own, run once.
+    let (containers, inits) = (pod.containers(), pod.init_containers());
+    let mut taken = Names::with_capacity(containers.len() + inits.len());
+    for c in containers.iter().chain(inits) {
+        taken.insert(c.name.as_str());
+    }
+    let mut sidecars = Names::new();
+    for t in &plan.templates {
+        for name in t.fragment.sidecar_names() {
+            sidecars.insert(name);
+        }
+    }
+    let pod_volumes = spec.map(|s| s.volumes()).unwrap_or_default();
+    let mut volumes = Names::with_capacity(pod_volumes.len());
+    for v in pod_volumes {
+        volumes.insert(v.name.as_str());
+    }
+    let pod_secrets = spec.map(|s| s.image_pull_secrets()).unwrap_or_default();
+    let mut secrets = Names::with_capacity(pod_secrets.len());
+    for s in pod_secrets {
+        secrets.insert(s.name());
+    }
 
     // A typical injection makes about a dozen edits.
     let mut edits = Vec::with_capacity(16);
@@ -1185,27 +1201,33 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
 
     // Mounts and env reach every application container present now, including containers
     // another webhook added after us, so that reinvocation converges.
-    let template_env: Names<'_> = plan
-        .templates
-        .iter()
-        .flat_map(|t| parts(&t.fragment.env, &t.fragment.json.env))
-        .map(|e| e.value.name.as_str())
-        .collect();
-    for (index, container) in pod.containers().iter().enumerate() {
+    let mut template_env = Names::new();
+    for t in &plan.templates {
+        for e in parts(&t.fragment.env, &t.fragment.json.env) {
+            template_env.insert(e.value.name.as_str());
+        }
+    }
+    for (index, container) in containers.iter().enumerate() {
         if sidecars.contains(container.name.as_str()) {
             continue;
         }
         let mounts = container.volume_mounts.as_deref().unwrap_or_default();
-        let mut mount_names: Names<'_> = mounts.iter().map(|m| m.name()).collect();
-        let mut mount_paths: Names<'_> = mounts.iter().map(|m| m.mount_path()).collect();
+        let mut mount_names = Names::with_capacity(mounts.len());
+        let mut mount_paths = Names::with_capacity(mounts.len());
+        for m in mounts {
+            mount_names.insert(m.name());
+            mount_paths.insert(m.mount_path());
+        }
         // Of the container's env (thousands, in a large pod) only the names the templates add
         // matter: one pass keeps those, instead of a set of them all.
         let env = container.env.as_deref().unwrap_or_default();
-        let mut env_names: Names<'_> = env
-            .iter()
-            .map(|e| e.name())
-            .filter(|name| template_env.contains(name))
-            .collect();
+        let mut env_names = Names::new();
+        for e in env {
+            let name = e.name();
+            if template_env.contains(name) {
+                env_names.insert(name);
+            }
+        }
         for t in &plan.templates {
             let f = &*t.fragment;
             for m in parts(&f.volume_mounts, &f.json.volume_mounts) {
@@ -1234,8 +1256,8 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
     let labels = pod.labels();
     let annotations = pod.annotations();
     let status_key = inj.config.status_annotation.as_str();
-    let mut new_labels = HashSet::default();
-    let mut new_annotations = HashSet::default();
+    let mut new_labels = Names::new();
+    let mut new_annotations = Names::new();
     for t in &plan.templates {
         for (key, value) in &t.fragment.labels {
             if !labels.contains_key(key.as_str()) && new_labels.insert(key) {
@@ -1894,7 +1916,7 @@ mod tests {
     fn names_are_a_set_short_or_long() {
         let many: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
         let mut names: Names<'_> = many[..3].iter().map(String::as_str).collect();
-        assert!(matches!(names, Names::Few(3, _)));
+        assert!(matches!(&names, Names::Few(list) if list.len() == 3));
         for (i, name) in many.iter().enumerate() {
             assert_eq!(names.insert(name), i >= 3, "{name}");
         }
