@@ -1166,8 +1166,8 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
 
     // A typical injection makes about a dozen edits.
     let mut edits = Vec::with_capacity(16);
-    let mut new_init = Vec::new();
-    let mut appended = Vec::new();
+    let mut new_init = Vec::with_capacity(plan.templates.len());
+    let mut appended = Vec::with_capacity(plan.templates.len());
     for t in &plan.templates {
         let f = &*t.fragment;
         for c in parts(&f.init_containers, &f.json.init_containers) {
@@ -1618,7 +1618,7 @@ fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
     // and 1.2 KB written.
     let mut w = PatchWriter {
         out: Vec::with_capacity(2048),
-        pieces: Vec::new(),
+        pieces: Vec::with_capacity(4),
     };
     let spec = pod.spec.as_ref();
     let has_init = spec.is_some_and(|s| s.init_containers.is_some());

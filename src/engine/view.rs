@@ -509,8 +509,10 @@ fn opt_raw<'a>(r: &mut Reader<'a>) -> R<Option<Raw<'a>>> {
     optional(r, Reader::raw)
 }
 
+/// Lists start with room for a pod's usual few: growing a list from empty was a reallocation
+/// (and the growing code) several times a review.
 fn list<'a, T>(r: &mut Reader<'a>, mut read: impl FnMut(&mut Reader<'a>) -> R<T>) -> R<Vec<T>> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(4);
     r.array(|r| {
         out.push(read(r)?);
         Ok(())
@@ -524,7 +526,7 @@ fn list_inline<'a, T>(
     r: &mut Reader<'a>,
     mut read: impl FnMut(&mut Reader<'a>) -> R<T>,
 ) -> R<Vec<T>> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(8);
     r.array_inline(|r| {
         out.push(read(r)?);
         Ok(())
