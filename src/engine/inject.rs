@@ -1125,17 +1125,6 @@ impl<'a> Names<'a> {
     }
 }
 
-impl<'a> FromIterator<&'a str> for Names<'a> {
-    fn from_iter<I: IntoIterator<Item = &'a str>>(iter: I) -> Self {
-        let iter = iter.into_iter();
-        let mut names = Self::with_capacity(iter.size_hint().0);
-        for name in iter {
-            names.insert(name);
-        }
-        names
-    }
-}
-
 /// The edits that take `pod` to its injected state: only what is missing. Applying the
 /// edits and planning again yields no edits (the fixed point).
 pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> Vec<Edit<'p>> {
@@ -1915,17 +1904,25 @@ mod tests {
     #[test]
     fn names_are_a_set_short_or_long() {
         let many: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
-        let mut names: Names<'_> = many[..3].iter().map(String::as_str).collect();
+        let mut names = Names::with_capacity(3);
+        for name in &many[..3] {
+            names.insert(name);
+        }
         assert!(matches!(&names, Names::Few(list) if list.len() == 3));
         for (i, name) in many.iter().enumerate() {
             assert_eq!(names.insert(name), i >= 3, "{name}");
         }
         assert!(matches!(names, Names::Many(_)));
         assert!(many.iter().all(|n| names.contains(n)) && !names.contains("n40"));
-        let long: Names<'_> = many.iter().map(String::as_str).chain(["n0"]).collect();
+        // Room asked for more than the inline list holds: hashed from the start.
+        let mut long = Names::with_capacity(many.len() + 1);
+        assert!(matches!(long, Names::Many(_)));
+        for name in many.iter().map(String::as_str).chain(["n0"]) {
+            long.insert(name);
+        }
         assert!(matches!(long, Names::Many(_)) && long.contains("n39"));
-        // The empty name is a name like any other, not the inline list's filler.
-        let mut empty: Names<'_> = std::iter::empty().collect();
+        // The empty name is a name like any other.
+        let mut empty = Names::new();
         assert!(!empty.contains(""));
         assert!(empty.insert("") && empty.contains("") && !empty.insert(""));
     }

@@ -81,6 +81,10 @@ struct Table {
 /// See [`Table::since_start`].
 const CHURN: usize = 4;
 
+/// How many keys [`Table::seen`] records for each entry the memory holds before it forgets
+/// them all.
+const SEEN_PER_ENTRY: usize = 4;
+
 struct Remembered {
     injector: Arc<Injector>,
     webhook: Webhook,
@@ -279,7 +283,7 @@ impl Memo {
         }
         let room = table.answers.len() < self.entries
             || table.since_start >= self.entries.saturating_mul(CHURN);
-        if table.seen.len() >= self.entries.saturating_mul(4) {
+        if table.seen.len() >= self.entries.saturating_mul(SEEN_PER_ENTRY) {
             table.seen.clear();
         }
         match table.seen.get(&key) {
