@@ -5,6 +5,7 @@
 //! [`crate::engine::review`], and the configuration is read through [`crate::load`]. It may
 //! not import [`crate::cli`]: the `serve` command imports the server, not the other way round.
 
+pub mod cores;
 pub mod drain;
 pub mod metrics;
 pub mod reload;
@@ -99,6 +100,11 @@ pub struct ServeArgs {
     /// How often files are re-checked in case a change notification was missed.
     #[arg(long, env = "SIDECAR_INJECTOR_RELOAD_INTERVAL", value_parser = parse_duration, default_value = "30s")]
     pub reload_interval: Duration,
+    /// Threads that serve the API server's connections, each connection on one of them from
+    /// start to end. 0: one per CPU the process may use (the CPU limit counts), or
+    /// TOKIO_WORKER_THREADS when set.
+    #[arg(long, env = "SIDECAR_INJECTOR_SERVING_THREADS", default_value_t = 0)]
+    pub serving_threads: usize,
     #[command(flatten)]
     pub config: ConfigArg,
 }
@@ -144,7 +150,10 @@ impl ServeArgs {
     /// Runs the server until SIGTERM or SIGINT, then drains and returns.
     pub fn run(self) -> anyhow::Result<()> {
         init_logging(self.log_format);
+        // The listeners, the admin port and reloads; connections are served on threads of
+        // their own (`cores`).
         let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()?;
         runtime.block_on(async {
@@ -184,6 +193,7 @@ pub struct Server {
     header_read_timeout: Duration,
     shutdown_delay: Duration,
     shutdown_timeout: Duration,
+    serving_threads: usize,
     reloader: tokio::task::JoinHandle<()>,
 }
 
@@ -205,6 +215,7 @@ impl Server {
             shutdown_timeout,
             memo_entries,
             reload_interval,
+            serving_threads,
             config,
         } = args;
         let (sources, injector) = match &config.path {
@@ -266,7 +277,8 @@ impl Server {
             config: sources,
             interval: reload_interval,
         }));
-        tracing::info!(%listen, %admin_listen, config = %config.path.as_ref().map_or("<embedded>".into(), |p| p.display().to_string()), "serving");
+        let serving_threads = cores::count(serving_threads);
+        tracing::info!(%listen, %admin_listen, serving_threads, config = %config.path.as_ref().map_or("<embedded>".into(), |p| p.display().to_string()), "serving");
         Ok(Self {
             state,
             listen,
@@ -277,6 +289,7 @@ impl Server {
             header_read_timeout,
             shutdown_delay,
             shutdown_timeout,
+            serving_threads,
             reloader,
         })
     }
@@ -293,15 +306,19 @@ impl Server {
             header_read_timeout,
             shutdown_delay,
             shutdown_timeout,
+            serving_threads,
             reloader,
             ..
         } = self;
+        let cores =
+            cores::Cores::start(serving_threads).context("cannot start the serving threads")?;
         let builder = Arc::new(http_builder(header_read_timeout));
         let drain = drain::Drain::new();
         let admin = tokio::spawn(serve_admin(admin_listener, state.clone(), builder.clone()));
         {
             let accept = accept_tls(
                 &tls_listener,
+                &cores,
                 &acceptor,
                 &state,
                 &builder,
@@ -356,6 +373,7 @@ pub fn http_builder(header_read_timeout: Duration) -> auto::Builder<TokioExecuto
 
 async fn accept_tls(
     listener: &TcpListener,
+    cores: &cores::Cores,
     acceptor: &TlsAcceptor,
     state: &Arc<State>,
     builder: &Arc<auto::Builder<TokioExecutor>>,
@@ -375,7 +393,7 @@ async fn accept_tls(
         let _ = tcp.set_nodelay(true);
         let (acceptor, state, builder) = (acceptor.clone(), state.clone(), builder.clone());
         let watch = drain.watch();
-        tokio::spawn(async move {
+        cores.serve(tcp, move |tcp| async move {
             let tls = match tokio::time::timeout(header_read_timeout, acceptor.accept(tcp)).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => return tracing::debug!(%peer, %error, "TLS handshake failed"),

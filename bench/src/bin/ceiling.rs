@@ -91,13 +91,17 @@ fn main() -> anyhow::Result<()> {
     let resolver = Arc::new(tls::Resolver::new(loaded.key));
     let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(resolver)?));
 
+    // The webhook's runtime shape (`sidecar-injector serve`): the listener on a runtime of one
+    // worker, each connection on one of the serving threads (`server::cores`).
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()?;
+    let cores = server::cores::Cores::start(server::cores::count(0))?;
     runtime.block_on(async move {
         let listener = TcpListener::bind(args.listen).await?;
         tokio::select! {
-            () = serve(listener, acceptor, answer, args.engine.then_some((injector, args.engine_runs)), Duration::from_micros(args.spin_us)) => {}
+            () = serve(listener, &cores, acceptor, answer, args.engine.then_some((injector, args.engine_runs)), Duration::from_micros(args.spin_us)) => {}
             () = tokio::time::sleep(Duration::from_secs(args.exit_after)) => {}
             // SIGINT ends it cleanly too (a profiler writes its counts at a clean exit).
             _ = tokio::signal::ctrl_c() => {}
@@ -108,6 +112,7 @@ fn main() -> anyhow::Result<()> {
 
 async fn serve(
     listener: TcpListener,
+    cores: &server::cores::Cores,
     acceptor: TlsAcceptor,
     answer: Echo,
     engine: Option<(Arc<Injector>, u32)>,
@@ -123,7 +128,7 @@ async fn serve(
         let _ = tcp.set_nodelay(true);
         let (acceptor, builder, answer) = (acceptor.clone(), builder.clone(), answer.clone());
         let engine = engine.clone();
-        tokio::spawn(async move {
+        cores.serve(tcp, move |tcp| async move {
             let Ok(Ok(tls)) =
                 tokio::time::timeout(Duration::from_secs(5), acceptor.accept(tcp)).await
             else {
