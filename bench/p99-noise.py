@@ -24,7 +24,7 @@ unset, all share every CPU as in `make bench`. LOADGEN_FIFO=N runs the load gene
 SCHED_FIFO priority N (root), so that it never waits behind the server it measures.
 LOADGEN_ARGS adds flags to every load run (e.g. LOADGEN_ARGS=--fixed-token: replicas that mount no
 service account token). WEBHOOK_ARGS adds flags to the webhook's command line (e.g. WEBHOOK_ARGS="--memo-entries 0":
-every review read in full, as for pods that never repeat). TOKIO_WORKER_THREADS=N gives both servers N serving threads (`server::cores`; default: two per
+every review read in full, as for pods that never repeat). TOKIO_WORKER_THREADS=N gives both servers N serving threads (`server::cores`; default: one per
 CPU they may run on).
 ENGINE_RUNS=N (`eb` only) has the engine ceiling review each body N times a request: the runs
 after the first find what the first brought into the caches, so the server CPU a request of

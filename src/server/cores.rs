@@ -1,4 +1,4 @@
-//! The threads that serve connections: two per CPU the process may use, each with a
+//! The threads that serve connections: one per CPU the process may use, each with a
 //! single-threaded tokio runtime of its own, and each accepted connection handed to one of
 //! them in turn, where it stays until it ends.
 //!
@@ -8,11 +8,7 @@
 //! 0.4 of the transport's rate that turned a review's few microseconds into a tail of isolated
 //! requests of 0.5–1 ms (and a pure 6-µs spin did the same), and the engine cost the server
 //! about twice its own time (BENCHMARKS.md, "At 85e782b"). Here a connection's requests, its
-//! TLS state and its socket's readiness all stay on one thread. Two threads a CPU, not one: a
-//! thread the machine preempts holds up only its own connections, and the kernel moves the
-//! others' threads to a free CPU, the balancing that stealing did (HTTP/1.1 at 22,324 req/s,
-//! the p99 ratio to the ceiling 0.83–1.62 in six trials with four threads on two CPUs,
-//! against 1.13–3.64 and once 24.75 with two). What it gives up: one
+//! TLS state and its socket's readiness all stay on one thread. What that gives up: one
 //! connection (one HTTP/2 connection with all its streams) is served by one core, about
 //! 30,000 typical reviews a second on this machine, far more than any API server sends.
 //!
@@ -37,8 +33,8 @@ pub struct Cores {
 
 /// How many serving threads `requested` means: itself when not 0, else `TOKIO_WORKER_THREADS`
 /// when set (tokio's own variable, so one setting sizes both this and a multi-threaded
-/// runtime), else two per CPU this process may use (std reads the cgroup's CPU quota: the
-/// chart's 500m limit gives one CPU, so two threads).
+/// runtime), else one per CPU this process may use (std reads the cgroup's CPU quota: the
+/// chart's 500m limit gives one).
 pub fn count(requested: usize) -> usize {
     if requested > 0 {
         return requested;
@@ -47,7 +43,7 @@ pub fn count(requested: usize) -> usize {
         .ok()
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|&n| n > 0)
-        .unwrap_or_else(|| 2 * std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 impl Cores {

@@ -101,7 +101,7 @@ pub struct ServeArgs {
     #[arg(long, env = "SIDECAR_INJECTOR_RELOAD_INTERVAL", value_parser = parse_duration, default_value = "30s")]
     pub reload_interval: Duration,
     /// Threads that serve the API server's connections, each connection on one of them from
-    /// start to end. 0: two per CPU the process may use (the CPU limit counts), or
+    /// start to end. 0: one per CPU the process may use (the CPU limit counts), or
     /// TOKIO_WORKER_THREADS when set.
     #[arg(long, env = "SIDECAR_INJECTOR_SERVING_THREADS", default_value_t = 0)]
     pub serving_threads: usize,
