@@ -9,6 +9,12 @@ requests were due in it, the slowest one's latency, and the largest send lag amo
 long after it was due a request was sent). A latency that is mostly send lag waited in the load generator for a free
 connection (every one held by a request the server had not answered); a tail that climbs
 window after window is a backlog the server drained slower than requests came, not one stall.
+
+Before the windows it prints what tells a tail of stalls from a tail of single slow requests:
+the share of requests over 0.5 and 1 ms, and the p99 again without the requests of the 5, 20
+and 60 windows whose slowest request was slowest. A p99 that falls to near the p50 without a
+few windows came from stalls; one that stays came from requests slow one by one all through
+the run (BENCHMARKS.md, "At 85e782b").
 """
 
 import array
@@ -35,6 +41,17 @@ def main():
         window[0] += 1
         window[1] = max(window[1], latency)
         window[2] = max(window[2], lag)
+    over = [sum(1 for v in latencies if v > limit) / len(latencies) * 100 for limit in (5e5, 1e6)]
+    print(f"over 0.5 ms {over[0]:.2f}%  over 1 ms {over[1]:.2f}%")
+    by_window = {}
+    for slot, _, latency in rows:
+        by_window.setdefault(int(slot / rate * 100), []).append(latency)
+    worst = sorted(by_window, key=lambda k: -windows[k][1])
+    for drop in (5, 20, 60):
+        left = set(worst[:drop])
+        kept = sorted(v for k, vs in by_window.items() if k not in left for v in vs)
+        if kept:
+            print(f"p99 without the {drop} slowest windows {kept[int(len(kept) * 0.99)] / 1e6:.3f} ms")
     slow = [(k, w) for k, w in sorted(windows.items()) if w[1] >= threshold_ns]
     print(f"windows of 10 ms at or over {threshold_ns / 1e6:g} ms: {len(slow)} of {len(windows)}")
     for k, (count, latency, lag) in slow:
