@@ -36,16 +36,16 @@ def main():
     print(f"requests {len(rows)}  p50 {latencies[len(latencies) // 2] / 1e6:.3f} ms  "
           f"p99 {latencies[int(len(latencies) * 0.99)] / 1e6:.3f} ms")
     windows = {}
+    by_window = {}
     for slot, lag, latency in rows:
-        window = windows.setdefault(int(slot / rate * 100), [0, 0, 0])
+        k = int(slot / rate * 100)
+        by_window.setdefault(k, []).append(latency)
+        window = windows.setdefault(k, [0, 0, 0])
         window[0] += 1
         window[1] = max(window[1], latency)
         window[2] = max(window[2], lag)
     over = [sum(1 for v in latencies if v > limit) / len(latencies) * 100 for limit in (5e5, 1e6)]
     print(f"over 0.5 ms {over[0]:.2f}%  over 1 ms {over[1]:.2f}%")
-    by_window = {}
-    for slot, _, latency in rows:
-        by_window.setdefault(int(slot / rate * 100), []).append(latency)
     worst = sorted(by_window, key=lambda k: -windows[k][1])
     for drop in (5, 20, 60):
         left = set(worst[:drop])

@@ -17,7 +17,6 @@
 //! are the drain's to wait for, [`super::drain`]).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tokio::net::TcpStream;
@@ -95,8 +94,7 @@ impl Cores {
         };
         let job: Job = Box::new(move || match TcpStream::from_std(tcp) {
             Ok(tcp) => {
-                let task: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(serve(tcp));
-                tokio::spawn(task);
+                tokio::spawn(serve(tcp));
             }
             Err(error) => tracing::debug!(%error, "cannot take a connection over"),
         });
