@@ -330,35 +330,53 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     /// Starts `serve` with the development certificate and `extra` flags; returns once ready.
+    /// The ports are free when picked, but in the ephemeral range: another test's client may
+    /// take one before the server binds it. A server that exits saying it cannot listen is
+    /// started again on other ports (three tries); any other early exit fails with its log.
     pub async fn start(extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let ca_file = dir.path().join("ca.pem");
-        let (port, admin_port) = (free_port(), free_port());
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
-            .args(["--dev-ca-file", ca_file.to_str().unwrap()])
-            .args(["--log-format", "json"])
-            .args(extra)
-            .env("RUST_LOG", "info,sidecar_injector=debug")
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Drain the log as it comes, or a full pipe would block the server.
-        let mut stderr = child.stderr.take().unwrap();
-        let log = std::thread::spawn(move || {
-            let mut log = String::new();
-            use std::io::Read as _;
-            let _ = stderr.read_to_string(&mut log);
-            log
-        });
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
-        let ready = eventually(Duration::from_secs(30), async || {
-            matches!(get(admin, "/readyz").await, Ok((StatusCode::OK, _)))
-        })
-        .await;
-        assert!(ready, "server never became ready");
+        let mut tries = 0;
+        let (child, log, addr, admin) = loop {
+            tries += 1;
+            let (port, admin_port) = (free_port(), free_port());
+            let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sidecar-injector"))
+                .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+                .args(["--admin-listen", &format!("127.0.0.1:{admin_port}")])
+                .args(["--dev-ca-file", ca_file.to_str().unwrap()])
+                .args(["--log-format", "json"])
+                .args(extra)
+                .env("RUST_LOG", "info,sidecar_injector=debug")
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            // Drain the log as it comes, or a full pipe would block the server.
+            let mut stderr = child.stderr.take().unwrap();
+            let log = std::thread::spawn(move || {
+                let mut log = String::new();
+                use std::io::Read as _;
+                let _ = stderr.read_to_string(&mut log);
+                log
+            });
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().unwrap();
+            let mut exited = false;
+            let ready = eventually(Duration::from_secs(30), async || {
+                exited = child.try_wait().unwrap().is_some();
+                exited || matches!(get(admin, "/readyz").await, Ok((StatusCode::OK, _)))
+            })
+            .await;
+            if ready && !exited {
+                break (child, log, addr, admin);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = log.join().unwrap_or_default();
+            if exited && tries < 3 && log.contains("cannot listen") {
+                continue;
+            }
+            panic!("server never became ready (exited: {exited}); its log:\n{log}");
+        };
         let ca_pem = std::fs::read_to_string(&ca_file).unwrap();
         Self {
             child,
