@@ -138,6 +138,35 @@ def run(server, http, rate, path):
     return report, latencies
 
 
+def run_interleaved(servers, http, rate, rounds, tmp, slice_ms):
+    """One load run against both servers, the schedule cut into turns of `slice_ms` that go to
+    them in turn (loadgen with two --addr), each measured for ROUNDS x DURATION seconds: both
+    sides see the same moments of the machine."""
+    conns = ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
+    paths = [os.path.join(tmp, f"l{side}.bin") for side in (0, 1)]
+    before = [cpu_and_switches(proc.pid) for proc, _, _ in servers]
+    out = subprocess.run(
+        [f"{BIN}/loadgen", "--http", str(http), *conns,
+         *[a for proc, port, ca in servers for a in ("--addr", f"127.0.0.1:{port}", "--ca", ca)],
+         *[a for path in paths for a in ("--latencies", path)],
+         "--slice-ms", str(slice_ms), *os.environ.get("LOADGEN_ARGS", "").split(),
+         "--rate", str(rate), "--duration", str(2 * rounds * DURATION), "--warmup", str(WARMUP)],
+        capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec()).stdout
+    reports = [json.loads(line) for line in out.strip().splitlines()[-2:]]
+    sent = rate * (WARMUP + 2 * rounds * DURATION) / 2
+    result = []
+    for side, (proc, _, _) in enumerate(servers):
+        cpu1, switches1 = cpu_and_switches(proc.pid)
+        cpu0, switches0 = before[side]
+        reports[side]["server_cpu_us"] = (cpu1 - cpu0) / sent * 1e6
+        reports[side]["server_switches"] = (switches1 - switches0) / sent
+        latencies = array.array("Q")
+        with open(paths[side], "rb") as f:
+            latencies.frombytes(f.read())
+        result.append((reports[side], latencies))
+    return result
+
+
 def percentiles_ms(samples, *qs):
     s = sorted(samples)
     return [s[int(len(s) * q)] / 1e6 for q in qs]
@@ -161,21 +190,31 @@ def main():
             for trial in range(trials):
                 pooled = [array.array("Q"), array.array("Q")]
                 given_up = [0, 0]
-                cpu, switches = [[], []], [[], []]
-                for rnd in range(rounds):
+                cpu, switches, run_p99 = [[], []], [[], []], [[], []]
+                slice_ms = float(os.environ.get("INTERLEAVE_MS", "0"))
+                for side, (report, latencies) in enumerate(
+                        run_interleaved(servers, http, rate, rounds, tmp, slice_ms) if slice_ms else []):
+                    pooled[side].extend(latencies)
+                    given_up[side] += report["unsent"] + report["errors"]
+                    cpu[side].append(round(report["server_cpu_us"], 1))
+                    switches[side].append(round(report["server_switches"], 2))
+                    run_p99[side].append(round(percentiles_ms(latencies, 0.99)[0], 3))
+                for rnd in range(0 if slice_ms else rounds):
                     for side in ([0, 1] if rnd % 2 == 0 else [1, 0]):
                         report, latencies = run(servers[side], http, rate, os.path.join(tmp, "l.bin"))
                         pooled[side].extend(latencies)
                         given_up[side] += report["unsent"] + report["errors"]
                         cpu[side].append(round(report["server_cpu_us"], 1))
                         switches[side].append(round(report["server_switches"], 2))
+                        run_p99[side].append(round(percentiles_ms(latencies, 0.99)[0], 3))
                 (a, a50), (b, b50) = (percentiles_ms(side, 0.99, 0.5) for side in pooled)
                 print(json.dumps({"pair": pair, "http": http, "rate": rate, "rounds": rounds, "trial": trial,
                                   "p99_a_ms": round(a, 3), "p99_b_ms": round(b, 3),
                                   "ratio": round(a / b, 2), "given_up": given_up,
                                   "p50_a_ms": round(a50, 3), "p50_b_ms": round(b50, 3),
                                   "server_cpu_us_a": cpu[0], "server_cpu_us_b": cpu[1],
-                                  "switches_a": switches[0], "switches_b": switches[1]}), flush=True)
+                                  "switches_a": switches[0], "switches_b": switches[1],
+                                  "run_p99_a_ms": run_p99[0], "run_p99_b_ms": run_p99[1]}), flush=True)
         finally:
             for proc, _, _ in servers:
                 proc.terminate()

@@ -8,7 +8,7 @@
 #      same load generator, the large pod on webhook and peer, latency at 0.4 x the ceiling rate,
 #      peak RSS, start-up to /readyz (about three minutes).
 # Prints a table with the goals and writes target/bench/summary.json in the repository.
-# Extra arguments go to bench-run (e.g. --duration 3 --rounds 1 --latency-rounds 1 for a quick look).
+# Extra arguments go to bench-run (e.g. --duration 3 --rounds 1 --latency-seconds 6 for a quick look).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="$PWD/target/bench"

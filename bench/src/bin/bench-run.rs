@@ -35,11 +35,16 @@ struct Args {
     /// Saturation runs per row, the best kept (other work on the machine only slows runs).
     #[arg(long, default_value_t = 2)]
     rounds: usize,
-    /// Open-loop runs of webhook and ceiling each at 0.4 x the ceiling's rate, taking turns
-    /// (ABBA...) and pooled for the p99 goal. With two, identical servers gave p99 ratios of
-    /// 0.58-3.77 on HTTP/2 here; with four, 0.70-1.33 (`bench/p99-noise.py`, BENCHMARKS.md).
-    #[arg(long, default_value_t = 4)]
-    latency_rounds: usize,
+    /// Seconds each server (webhook, ceiling, webhook with its memory on) is measured at 0.4 x
+    /// the ceiling's rate for the p99 goal, in one open-loop run whose schedule goes to the
+    /// three in turns of `--slice-ms`: all three see the same moments of the machine. Runs one
+    /// after another (ABBA, four rounds of 6 s, until this) gave two identical servers p99
+    /// ratios up to 5.99 here; turns of a second, 0.75-1.15 (`bench/p99-noise.py`, BENCHMARKS.md).
+    #[arg(long, default_value_t = 24.0)]
+    latency_seconds: f64,
+    /// Length of each server's turn in the latency run, in milliseconds.
+    #[arg(long, default_value_t = 1000.0)]
+    slice_ms: f64,
     /// Seconds measured per load run.
     #[arg(long, default_value_t = 6.0)]
     duration: f64,
@@ -214,27 +219,109 @@ impl Bench {
     }
 
     fn loadgen(&mut self, server: Endpoint, extra: &[String]) -> anyhow::Result<String> {
-        let limit =
-            Duration::from_secs_f64(self.args.warmup + self.args.duration + 45.0).min(self.left()?);
+        let lines = self.loadgen_all(&[server], self.args.duration, extra)?;
+        Ok(lines.last().cloned().unwrap_or_default())
+    }
+
+    /// One load run against `servers` (more than one: they take the schedule in turns, all
+    /// on the first one's path and flags); the report lines it printed, one per server.
+    fn loadgen_all(
+        &mut self,
+        servers: &[Endpoint],
+        seconds: f64,
+        extra: &[String],
+    ) -> anyhow::Result<Vec<String>> {
+        let limit = Duration::from_secs_f64(self.args.warmup + seconds + 45.0).min(self.left()?);
         let mut cmd = Command::new(&self.loadgen);
-        cmd.arg("--addr")
-            .arg(SocketAddr::new(LOOPBACK, server.port).to_string())
-            .arg("--ca")
+        for server in servers {
+            cmd.arg("--addr")
+                .arg(SocketAddr::new(LOOPBACK, server.port).to_string());
+        }
+        cmd.arg("--ca")
             .arg(&self.ca)
             .arg("--path")
-            .arg(server.path)
-            .args(server.extra)
+            .arg(servers[0].path)
+            .args(servers[0].extra)
             .args(extra);
-        let server = server.name;
+        let names: Vec<&str> = servers.iter().map(|s| s.name).collect();
         let output = run_bounded(cmd, limit)?;
         let stdout = String::from_utf8_lossy(&output.stdout);
         ensure!(
             output.status.success(),
-            "loadgen against {server} failed ({}): {}",
+            "loadgen against {} failed ({}): {}",
+            names.join(", "),
             output.status,
             String::from_utf8_lossy(&output.stderr)
         );
-        Ok(stdout.lines().last().unwrap_or_default().to_owned())
+        Ok(stdout.lines().map(str::to_owned).collect())
+    }
+
+    /// The latency goal's run: `servers` in turns of `--slice-ms` at `rate`, each measured for
+    /// `--latency-seconds`; each one's report and latencies.
+    fn load_in_turns(
+        &mut self,
+        servers: &[Endpoint],
+        proto: Proto,
+        rate: f64,
+        dir: &Path,
+    ) -> anyhow::Result<Vec<(LoadReport, Vec<u64>)>> {
+        let seconds = self.args.latency_seconds * servers.len() as f64;
+        let files: Vec<PathBuf> = servers
+            .iter()
+            .map(|s| dir.join(format!("latencies-{}.bin", s.name)))
+            .collect();
+        let mut extra = self.shape(proto);
+        for file in &files {
+            extra.extend(["--latencies".into(), file.display().to_string()]);
+        }
+        extra.extend([
+            "--slice-ms".into(),
+            self.args.slice_ms.to_string(),
+            "--duration".into(),
+            seconds.to_string(),
+            "--warmup".into(),
+            self.args.warmup.to_string(),
+            "--rate".into(),
+            format!("{rate:.0}"),
+        ]);
+        let before = loadavg();
+        let lines = self.loadgen_all(servers, seconds, &extra)?;
+        ensure!(
+            lines.len() >= servers.len(),
+            "loadgen printed {} report lines for {} servers",
+            lines.len(),
+            servers.len()
+        );
+        let after = loadavg();
+        let mut out = Vec::with_capacity(servers.len());
+        let reports = &lines[lines.len() - servers.len()..];
+        for ((server, line), file) in servers.iter().zip(reports).zip(&files) {
+            let report: LoadReport =
+                serde_json::from_str(line).with_context(|| format!("loadgen printed {line:?}"))?;
+            eprintln!(
+                "  {:8} {:8} {:6} {:>7}  p50 {:.3} ms  p99 {:.3} ms  errors {}  invalid {}  not sent {}",
+                server.name,
+                proto.label(),
+                "turns",
+                format!("@{rate:.0}"),
+                report.p50_ms,
+                report.p99_ms,
+                report.errors,
+                report.invalid,
+                report.unsent
+            );
+            let mut value = serde_json::to_value(&report)?;
+            value["server"] = server.name.into();
+            value["body"] = "typical".into();
+            value["turns_ms"] = self.args.slice_ms.into();
+            value["loadavg_before"] = before.into();
+            value["loadavg_after"] = after.into();
+            self.runs.push(value);
+            let latencies = read_latencies(file)?;
+            std::fs::remove_file(file)?;
+            out.push((report, latencies));
+        }
+        Ok(out)
     }
 
     fn load(
@@ -244,17 +331,6 @@ impl Bench {
         rate: Option<f64>,
     ) -> anyhow::Result<LoadReport> {
         self.load_body(server, proto, rate, None, None)
-    }
-
-    /// An open-loop run that also writes its latencies to `latencies` (for pooling).
-    fn load_keeping(
-        &mut self,
-        server: Endpoint,
-        proto: Proto,
-        rate: f64,
-        latencies: &Path,
-    ) -> anyhow::Result<LoadReport> {
-        self.load_body(server, proto, Some(rate), None, Some(latencies))
     }
 
     /// A load run; `body` is an AdmissionReview file to send instead of the typical review;
@@ -316,7 +392,7 @@ const LATENCY_SHARE: f64 = 0.4;
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     ensure!(
-        args.rounds >= 1 && args.latency_rounds >= 1 && args.ready_starts >= 1,
+        args.rounds >= 1 && args.latency_seconds > 0.0 && args.ready_starts >= 1,
         "at least one run"
     );
     let bin_dir = std::env::current_exe()?
@@ -513,8 +589,8 @@ fn main() -> anyhow::Result<()> {
     }
 
     eprintln!(
-        "latency at 0.4 x the ceiling rate ({} rounds each, ABBA, pooled), and at half the webhook's own (open loop):",
-        bench.args.latency_rounds
+        "latency at 0.4 x the ceiling rate ({} s each, one run in turns of {} ms), and at half the webhook's own (open loop):",
+        bench.args.latency_seconds, bench.args.slice_ms
     );
     let mut latency = Vec::new();
     for proto in [Proto::H1, Proto::H2] {
@@ -523,33 +599,16 @@ fn main() -> anyhow::Result<()> {
             part(best[0][proto as usize], LATENCY_SHARE),
             part(best[1][proto as usize], 0.5),
         );
-        // Webhook and ceiling take turns (ABBA), so that a machine that drifts during the
-        // runs does not favour one; each side's percentiles are over all its rounds' latencies.
-        // The webhook with its memory on runs in the same turns (ABC, CBA, ...).
-        let mut sides: [(Endpoint, Vec<LoadReport>, Vec<u64>); 3] = [
-            (webhook_ep, Vec::new(), Vec::new()),
-            (ceiling_ep, Vec::new(), Vec::new()),
-            (memo_ep, Vec::new(), Vec::new()),
-        ];
-        for round in 0..bench.args.latency_rounds {
-            let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
-            for side in order {
-                let (ep, reports, all) = &mut sides[side];
-                let file = tmp.join(format!("latencies-{}-{round}.bin", ep.name));
-                let report = bench.load_keeping(*ep, proto, rate, &file)?;
-                all.extend(read_latencies(&file)?);
-                std::fs::remove_file(&file)?;
-                reports.push(report);
-            }
-        }
-        let [
-            (_, hook_runs, hook_ns),
-            (_, ceil_runs, ceil_ns),
-            (_, memo_runs, memo_ns),
-        ] = sides;
-        let hook = LoadReport::pooled(&hook_runs, hook_ns)?;
-        let ceil = LoadReport::pooled(&ceil_runs, ceil_ns)?;
-        let memo = LoadReport::pooled(&memo_runs, memo_ns)?;
+        // Webhook, ceiling and the webhook with its memory on take the schedule of one run in
+        // turns, so that whatever else the machine does falls on all three alike (separate
+        // runs gave it to whichever ran then).
+        let [hook, ceil, memo]: [LoadReport; 3] = bench
+            .load_in_turns(&[webhook_ep, ceiling_ep, memo_ep], proto, rate, &tmp)?
+            .into_iter()
+            .map(|(report, latencies)| LoadReport::pooled(&[report], latencies))
+            .collect::<anyhow::Result<Vec<_>>>()?
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("not one report for each server"))?;
         let own = bench.load(webhook_ep, proto, Some(own_rate))?;
         errors += hook.errors + ceil.errors + own.errors + memo.errors;
         errors += hook.invalid + ceil.invalid + own.invalid + memo.invalid;
@@ -885,11 +944,10 @@ fn main() -> anyhow::Result<()> {
         "| server | protocol | offered req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | not sent |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let rounds = bench.args.latency_rounds;
     let (hook_label, ceil_label, memo_label) = (
-        format!("webhook ({rounds} runs, pooled)"),
-        format!("ceiling ({rounds} runs, pooled)"),
-        format!("webhook, memory of answers on ({rounds} runs, pooled)"),
+        "webhook (in turns)".to_owned(),
+        "ceiling (in turns)".to_owned(),
+        "webhook, memory of answers on (in turns)".to_owned(),
     );
     for l in &latency {
         for (name, rate, r) in [
@@ -1075,7 +1133,8 @@ fn main() -> anyhow::Result<()> {
         "settings": {
             "review_bytes": review_bytes,
             "rounds": bench.args.rounds,
-            "latency_rounds": bench.args.latency_rounds,
+            "latency_seconds": bench.args.latency_seconds,
+            "latency_turns_ms": bench.args.slice_ms,
             "duration_s": bench.args.duration,
             "warmup_s": bench.args.warmup,
             "h1": bench.shape_label(Proto::H1),

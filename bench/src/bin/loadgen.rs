@@ -12,6 +12,13 @@
 //! wake-up from one thread to another per request, so the generator takes as little as it can
 //! of the two cores it shares with the server it measures.
 //!
+//! Open loop against several servers (`--addr` given more than once): one schedule at `--rate`,
+//! cut into slices of `--slice-ms` that go to the servers in turn (A, B, A, B, ...), each server
+//! over connections of its own that stay open the whole run. Each server gets the same number
+//! of slots, all at the rate asked for, and the same moments of the machine: whatever else runs
+//! on it for a second falls on all of them alike, where separate runs one after another would
+//! give it to whichever ran then. One report line per server, in the order given.
+//!
 //! Every answer is checked (`check_answer`): only a 200 that allows the request's uid with a
 //! non-empty JSONPatch counts; any other 200 is counted as `invalid`, so a server that answers
 //! errors fast does not look fast.
@@ -42,12 +49,19 @@ const GIVE_UP_AFTER: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Parser)]
 struct Args {
-    /// Server address; must be on loopback.
-    #[arg(long)]
-    addr: SocketAddr,
-    /// CA certificate (PEM) the server's certificate must chain to.
-    #[arg(long)]
-    ca: PathBuf,
+    /// Server address; must be on loopback. Given more than once (open loop only): the servers
+    /// take the schedule's slices in turn, one report line each.
+    #[arg(long, required = true)]
+    addr: Vec<SocketAddr>,
+    /// With several `--addr`: the length of each server's turn, in milliseconds of the schedule.
+    /// The warm-up and the measured time are then each rounded up to whole rounds of turns
+    /// (every server its turn), and `--duration` is all servers' time together.
+    #[arg(long, default_value_t = 100.0)]
+    slice_ms: f64,
+    /// CA certificate (PEM) the server's certificate must chain to. With several `--addr`, one
+    /// for all or one for each, in the same order.
+    #[arg(long, required = true)]
+    ca: Vec<PathBuf>,
     #[arg(long, default_value = "/mutate")]
     path: String,
     /// The AdmissionReview to send (JSON, sent as is). Default: bench/review.json, compact.
@@ -78,9 +92,10 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// Also write every measured latency to this file (nanoseconds, u64 little-endian, sorted),
-    /// for a caller that pools several runs.
+    /// for a caller that pools several runs. With several `--addr`, one file for each, in the
+    /// same order.
     #[arg(long)]
-    latencies: Option<PathBuf>,
+    latencies: Vec<PathBuf>,
     /// Open loop: write each answered measured request as three u64 little-endian values, in
     /// schedule order: its slot, how late it was sent after it was due, and its latency (ns).
     #[arg(long)]
@@ -112,7 +127,28 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    ensure!(args.addr.ip().is_loopback(), "load goes to loopback only");
+    ensure!(
+        args.addr.iter().all(|a| a.ip().is_loopback()),
+        "load goes to loopback only"
+    );
+    ensure!(
+        args.ca.len() == 1 || args.ca.len() == args.addr.len(),
+        "--ca: one for all servers, or one for each --addr"
+    );
+    ensure!(
+        args.latencies.is_empty() || args.latencies.len() == args.addr.len(),
+        "--latencies: one file for each --addr"
+    );
+    if args.addr.len() > 1 {
+        ensure!(
+            args.rate.is_some() && args.timeline.is_none() && !args.check,
+            "several --addr need --rate, and cannot go with --timeline or --check"
+        );
+        ensure!(
+            args.slice_ms >= 1.0 && args.slice_ms <= 10_000.0,
+            "--slice-ms [1, 10000]"
+        );
+    }
     ensure!(
         (1..=1024).contains(&args.connections),
         "--connections 1..=1024"
@@ -141,14 +177,25 @@ fn main() -> anyhow::Result<()> {
             .enable_all()
             .build()?
     };
-    let target = Arc::new(Target::new(&args)?);
+    let targets = args
+        .addr
+        .iter()
+        .enumerate()
+        .map(|(i, &addr)| Target::new(&args, addr, &args.ca[i.min(args.ca.len() - 1)]).map(Arc::new))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let report = runtime.block_on(async {
         if args.check {
-            return check(&target).await;
+            return check(&targets[0]).await;
         }
         // Past this, whatever is still running is abandoned: the run ends by itself.
-        let bound = Duration::from_secs_f64(args.warmup + args.duration + 30.0);
-        match tokio::time::timeout(bound, run(&args, target.clone())).await {
+        // (Several servers: warm-up and duration each rounded up to whole rounds of turns.)
+        let rounding = if args.addr.len() > 1 {
+            2.0 * args.addr.len() as f64 * args.slice_ms / 1e3
+        } else {
+            0.0
+        };
+        let bound = Duration::from_secs_f64(args.warmup + args.duration + rounding + 30.0);
+        match tokio::time::timeout(bound, run(&args, targets)).await {
             Ok(report) => report,
             Err(_) => bail!("load run did not finish within {bound:?}"),
         }
@@ -188,10 +235,10 @@ enum Sender {
 }
 
 impl Target {
-    fn new(args: &Args) -> anyhow::Result<Self> {
+    fn new(args: &Args, addr: SocketAddr, ca: &std::path::Path) -> anyhow::Result<Self> {
         let alpn: &[u8] = if args.http == 2 { b"h2" } else { b"http/1.1" };
-        let connector = TlsConnector::from(Arc::new(client_config(&args.ca, alpn)?));
-        let authority = args.addr.to_string();
+        let connector = TlsConnector::from(Arc::new(client_config(ca, alpn)?));
+        let authority = addr.to_string();
         // HTTP/2 carries scheme and authority in the request; HTTP/1.1 sends the path and a Host.
         let uri: Uri = if args.http == 2 {
             format!("https://{authority}{}", args.path).parse()?
@@ -247,7 +294,7 @@ impl Target {
             hash_len,
             workloads: args.workloads,
             token_at,
-            addr: args.addr,
+            addr,
             http: args.http,
             connector,
             uri,
@@ -371,13 +418,19 @@ struct Tally {
     last_done: Option<Instant>,
 }
 
-/// When the next open-loop request is due: the pacer thread adds one permit per due request.
+/// When the next open-loop request is due, and to which server: the pacer adds one permit to a
+/// server's semaphore for each of its slots that falls due.
 struct Pace {
-    permits: Semaphore,
-    next: AtomicUsize,
+    /// One semaphore per server.
+    permits: Vec<Semaphore>,
+    /// Each server's slots taken so far (its k-th slot is [`Pace::slot`]`(server, k)`).
+    next: Vec<AtomicUsize>,
     start: Instant,
     interval_ns: f64,
+    /// Slots in the whole schedule, all servers'.
     total: usize,
+    /// Slots in one server's turn; with one server, the whole schedule.
+    per_slice: usize,
     warmup_slots: usize,
     /// Requests still waiting for a free worker this long after the last one was due are not
     /// sent: the server is far behind, and the run must end in bounded time.
@@ -399,6 +452,25 @@ impl Pace {
             due += 1;
         }
         due
+    }
+
+    fn servers(&self) -> usize {
+        self.permits.len()
+    }
+
+    /// The server whose turn holds `slot`.
+    fn server_of(&self, slot: usize) -> usize {
+        slot / self.per_slice % self.servers()
+    }
+
+    /// Server `server`'s `k`-th slot in the schedule.
+    fn slot(&self, server: usize, k: usize) -> usize {
+        (k / self.per_slice * self.servers() + server) * self.per_slice + k % self.per_slice
+    }
+
+    /// How many slots each server has (the schedule is whole turns of every server).
+    fn each(&self) -> usize {
+        self.total / self.servers()
     }
 }
 
@@ -463,21 +535,27 @@ impl Alarm {
     }
 }
 
-async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
+async fn run(args: &Args, targets: Vec<Arc<Target>>) -> anyhow::Result<String> {
+    let servers = targets.len();
+    // Each worker with the server it sends to.
     let mut senders = Vec::new();
-    for _ in 0..args.connections {
-        let sender = target.connect().await?;
-        // HTTP/2 streams share their connection; an HTTP/1.1 connection has one worker.
-        if let Sender::H2(shared) = &sender {
-            for _ in 1..args.streams {
-                senders.push(Sender::H2(shared.clone()));
+    for (server, target) in targets.iter().enumerate() {
+        for _ in 0..args.connections {
+            let sender = target.connect().await?;
+            // HTTP/2 streams share their connection; an HTTP/1.1 connection has one worker.
+            if let Sender::H2(shared) = &sender {
+                for _ in 1..args.streams {
+                    senders.push((server, Sender::H2(shared.clone())));
+                }
             }
+            senders.push((server, sender));
         }
-        senders.push(sender);
     }
     let workers = senders.len();
     let warmup = Duration::from_secs_f64(args.warmup);
     let duration = Duration::from_secs_f64(args.duration);
+    // The measured part of the schedule (several servers: rounded up to whole rounds of turns).
+    let mut measure_for = duration;
     let mut tasks = Vec::with_capacity(workers);
     // The open loop's pacing task, which fails the run if it cannot keep the schedule.
     let mut pacer = None;
@@ -485,36 +563,47 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
         None => {
             let measure_from = Instant::now() + warmup;
             let end = measure_from + duration;
-            for sender in senders {
-                let target = target.clone();
-                tasks.push(tokio::spawn(closed_worker(
-                    target,
-                    sender,
-                    measure_from,
-                    end,
-                )));
+            for (server, sender) in senders {
+                let target = targets[server].clone();
+                let task = closed_worker(target, sender, measure_from, end);
+                tasks.push((server, tokio::spawn(task)));
             }
             None
         }
         Some(rate) => {
             let interval_ns = 1e9 / rate;
             let start = Instant::now() + Duration::from_millis(5);
+            let mut total = (rate * (args.warmup + args.duration)).round() as usize;
+            let mut warmup_slots = (rate * args.warmup).round() as usize;
+            let per_slice = if servers == 1 {
+                total.max(1)
+            } else {
+                // Warm-up and measurement each in whole rounds of turns, so that every server
+                // gets as many slots of each.
+                let per_slice = ((rate * args.slice_ms / 1e3).round() as usize).max(1);
+                let round = servers * per_slice;
+                let measured = ((rate * args.duration).round() as usize).div_ceil(round) * round;
+                warmup_slots = warmup_slots.div_ceil(round) * round;
+                total = warmup_slots + measured;
+                measure_for = Duration::from_secs_f64(measured as f64 / rate);
+                per_slice
+            };
             let pace = Arc::new(Pace {
-                permits: Semaphore::new(0),
-                next: AtomicUsize::new(0),
+                permits: (0..servers).map(|_| Semaphore::new(0)).collect(),
+                next: (0..servers).map(|_| AtomicUsize::new(0)).collect(),
                 start,
-                give_up: start + warmup + duration + GIVE_UP_AFTER,
+                give_up: start
+                    + Duration::from_secs_f64(total as f64 / rate)
+                    + GIVE_UP_AFTER,
                 interval_ns,
-                total: (rate * (args.warmup + args.duration)).round() as usize,
-                warmup_slots: (rate * args.warmup).round() as usize,
+                total,
+                per_slice,
+                warmup_slots,
                 timeline: args.timeline.is_some(),
             });
-            for sender in senders {
-                tasks.push(tokio::spawn(open_worker(
-                    target.clone(),
-                    sender,
-                    pace.clone(),
-                )));
+            for (server, sender) in senders {
+                let task = open_worker(targets[server].clone(), sender, pace.clone(), server);
+                tasks.push((server, tokio::spawn(task)));
             }
             // Not a tokio timer: its wheel ticks in milliseconds, which would bunch sends
             // together and add up to a millisecond to every measured latency.
@@ -525,7 +614,14 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
                     while released < pace.total {
                         let due = pace.due_by(released, Instant::now());
                         if due > released {
-                            pace.permits.add_permits(due - released);
+                            for (server, permits) in pace.permits.iter().enumerate() {
+                                let n = (released..due)
+                                    .filter(|&slot| pace.server_of(slot) == server)
+                                    .count();
+                                if n > 0 {
+                                    permits.add_permits(n);
+                                }
+                            }
                             released = due;
                             // Let the workers send what is due before looking at the clock again.
                             tokio::task::yield_now().await;
@@ -536,23 +632,26 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
                     Ok::<_, std::io::Error>(())
                 };
                 let result = paced.await;
-                if result.is_ok() {
-                    // Wake every worker once more so each sees that no slot is left.
-                    pace.permits.add_permits(workers);
-                } else {
-                    // Without its clock the schedule cannot be kept: the workers stop, the run
-                    // fails.
-                    pace.permits.close();
+                for permits in &pace.permits {
+                    if result.is_ok() {
+                        // Wake every worker once more so each sees that no slot is left.
+                        permits.add_permits(workers);
+                    } else {
+                        // Without its clock the schedule cannot be kept: the workers stop, the
+                        // run fails.
+                        permits.close();
+                    }
                 }
                 result
             });
             pacer = Some(handle);
-            Some(start + warmup)
+            Some(start + Duration::from_secs_f64(warmup_slots as f64 / rate))
         }
     };
-    let mut tally = Tally::default();
-    for task in tasks {
+    let mut tallies: Vec<Tally> = (0..servers).map(|_| Tally::default()).collect();
+    for (server, task) in tasks {
         let t = task.await?;
+        let tally = &mut tallies[server];
         tally.ok += t.ok;
         tally.errors += t.errors;
         tally.invalid += t.invalid;
@@ -564,55 +663,62 @@ async fn run(args: &Args, target: Arc<Target>) -> anyhow::Result<String> {
     if let Some(pacer) = pacer {
         pacer.await?.context("the open loop's timer failed")?;
     }
-    if let Some(path) = &args.timeline {
-        let mut timeline = std::mem::take(&mut tally.timeline);
-        timeline.sort_unstable();
-        let bytes: Vec<u8> = timeline
-            .iter()
-            .flatten()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
-        std::fs::write(path, bytes).with_context(|| path.display().to_string())?;
-    }
-    let mut lat = tally.latencies_ns;
-    lat.sort_unstable();
-    if let Some(path) = &args.latencies {
-        let bytes: Vec<u8> = lat.iter().flat_map(|ns| ns.to_le_bytes()).collect();
-        std::fs::write(path, bytes).with_context(|| path.display().to_string())?;
-    }
-    // The open loop's window ends with its last answer: a server that falls behind answers the
-    // same number of requests over a longer time.
-    let seconds = match (measure_from, tally.last_done) {
-        (Some(from), Some(last)) if args.rate.is_some() => last
-            .saturating_duration_since(from)
-            .as_secs_f64()
-            .max(args.duration),
-        _ => args.duration,
-    };
-    let report = LoadReport {
-        mode: if args.rate.is_some() {
-            "open"
-        } else {
-            "closed"
+    let mut lines = Vec::with_capacity(servers);
+    for (server, mut tally) in tallies.into_iter().enumerate() {
+        if let Some(path) = &args.timeline {
+            let mut timeline = std::mem::take(&mut tally.timeline);
+            timeline.sort_unstable();
+            let bytes: Vec<u8> = timeline
+                .iter()
+                .flatten()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            std::fs::write(path, bytes).with_context(|| path.display().to_string())?;
         }
-        .into(),
-        http: args.http,
-        connections: args.connections,
-        streams: args.streams,
-        offered_rps: args.rate,
-        requests: tally.ok,
-        errors: tally.errors,
-        invalid: tally.invalid,
-        unsent: tally.unsent,
-        seconds,
-        rps: tally.ok as f64 / seconds,
-        p50_ms: percentile_ms(&lat, 0.50),
-        p90_ms: percentile_ms(&lat, 0.90),
-        p99_ms: percentile_ms(&lat, 0.99),
-        p999_ms: percentile_ms(&lat, 0.999),
-        max_ms: percentile_ms(&lat, 1.0),
-    };
-    Ok(serde_json::to_string(&report)?)
+        let mut lat = tally.latencies_ns;
+        lat.sort_unstable();
+        if let Some(path) = args.latencies.get(server) {
+            let bytes: Vec<u8> = lat.iter().flat_map(|ns| ns.to_le_bytes()).collect();
+            std::fs::write(path, bytes).with_context(|| path.display().to_string())?;
+        }
+        // The open loop's window ends with its last answer: a server that falls behind answers
+        // the same number of requests over a longer time. With several servers, each one's
+        // share of it (its turns), so that its rate reads as the rate it was sent at.
+        let seconds = match (measure_from, tally.last_done) {
+            (Some(from), Some(last)) if args.rate.is_some() => {
+                last.saturating_duration_since(from)
+                    .max(measure_for)
+                    .as_secs_f64()
+                    / servers as f64
+            }
+            _ => measure_for.as_secs_f64(),
+        };
+        let report = LoadReport {
+            mode: if args.rate.is_some() {
+                "open"
+            } else {
+                "closed"
+            }
+            .into(),
+            http: args.http,
+            connections: args.connections,
+            streams: args.streams,
+            offered_rps: args.rate,
+            requests: tally.ok,
+            errors: tally.errors,
+            invalid: tally.invalid,
+            unsent: tally.unsent,
+            seconds,
+            rps: tally.ok as f64 / seconds,
+            p50_ms: percentile_ms(&lat, 0.50),
+            p90_ms: percentile_ms(&lat, 0.90),
+            p99_ms: percentile_ms(&lat, 0.99),
+            p999_ms: percentile_ms(&lat, 0.999),
+            max_ms: percentile_ms(&lat, 1.0),
+        };
+        lines.push(serde_json::to_string(&report)?);
+    }
+    Ok(lines.join("\n"))
 }
 
 async fn closed_worker(
@@ -646,17 +752,23 @@ async fn closed_worker(
     tally
 }
 
-async fn open_worker(target: Arc<Target>, mut sender: Sender, pace: Arc<Pace>) -> Tally {
+async fn open_worker(
+    target: Arc<Target>,
+    mut sender: Sender,
+    pace: Arc<Pace>,
+    server: usize,
+) -> Tally {
     let mut tally = Tally::default();
     loop {
-        let Ok(permit) = pace.permits.acquire().await else {
+        let Ok(permit) = pace.permits[server].acquire().await else {
             break;
         };
         permit.forget();
-        let slot = pace.next.fetch_add(1, Ordering::Relaxed);
-        if slot >= pace.total {
+        let k = pace.next[server].fetch_add(1, Ordering::Relaxed);
+        if k >= pace.each() {
             break;
         }
+        let slot = pace.slot(server, k);
         let due = pace.due(slot);
         let now = Instant::now();
         if now > pace.give_up {
@@ -789,17 +901,50 @@ mod tests {
     }
 
     fn pace(rate: f64, total: usize) -> Pace {
+        shared_pace(rate, total, 1, total)
+    }
+
+    fn shared_pace(rate: f64, total: usize, servers: usize, per_slice: usize) -> Pace {
         let start = Instant::now();
         Pace {
-            permits: Semaphore::new(0),
-            next: AtomicUsize::new(0),
+            permits: (0..servers).map(|_| Semaphore::new(0)).collect(),
+            next: (0..servers).map(|_| AtomicUsize::new(0)).collect(),
             start,
             interval_ns: 1e9 / rate,
             total,
+            per_slice,
             warmup_slots: 0,
             give_up: start + Duration::from_secs(10),
             timeline: false,
         }
+    }
+
+    /// With several servers, each one's slots are its turns of the schedule, in order, and
+    /// together they are every slot once.
+    #[test]
+    fn servers_take_the_schedule_in_turns() {
+        let (servers, per_slice) = (3, 4);
+        let pace = shared_pace(1_000.0, 36, servers, per_slice);
+        assert_eq!(pace.each(), 12);
+        let mut seen = vec![false; pace.total];
+        for server in 0..servers {
+            let slots: Vec<usize> = (0..pace.each()).map(|k| pace.slot(server, k)).collect();
+            assert!(slots.windows(2).all(|w| w[0] < w[1]), "{slots:?}");
+            for &slot in &slots {
+                assert_eq!(pace.server_of(slot), server);
+                assert!(!seen[slot], "slot {slot} twice");
+                seen[slot] = true;
+            }
+        }
+        assert!(seen.iter().all(|&s| s));
+        // Turns of four: 0-3 to the first server, 4-7 to the second, 8-11 to the third, 12 to
+        // the first again.
+        assert_eq!(pace.slot(1, 0), 4);
+        assert_eq!(pace.slot(0, 4), 12);
+        assert_eq!(pace.slot(2, 5), 21);
+        // One server: the schedule as it is.
+        let alone = self::pace(1_000.0, 50);
+        assert!((0..alone.each()).all(|k| alone.slot(0, k) == k && alone.server_of(k) == 0));
     }
 
     #[test]
