@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """How far the p99 goal's method moves on its own: an A/A against the A/B it judges.
 
-`make bench` judges "p99 within 2x the ceiling's at 0.4 x the ceiling's rate" from ROUNDS
-open-loop runs per side, taken in turns (ABBA...) and pooled. This runs that same method TRIALS times with
+`make bench` judges "p99 within 2x the ceiling's at 0.4 x the ceiling's rate" from one open-loop
+run whose schedule goes to webhook and ceiling in turns of 1,000 ms (since 26 November 2026;
+INTERLEAVE_MS=1000 here: one run per trial, ROUNDS x 6 s measured a side). Without
+INTERLEAVE_MS, the method until then: ROUNDS open-loop runs per side, taken in turns (ABBA...)
+and pooled. This runs that method TRIALS times with
 two ceilings (`aa`: the same binary on both sides, so every ratio away from 1 is the method's
 own noise), with the webhook against a ceiling (`ab`), or with a ceiling that also runs the
 engine on each body against a plain one (`eb`: the engine's share of the webhook's gap, without
@@ -14,8 +17,8 @@ trial's pooled p99s and their ratio, one JSON line each. Loopback only; bounded:
 
 Uses the release binaries of `make bench` (CARGO_TARGET_DIR or target/release).
 
-Each trial's line also gives both sides' pooled p50, and for each run the server's CPU per
-request sent (user + system, all threads, warm-up included) and its threads' context switches
+Each trial's line also gives both sides' pooled p50, each run's p99, and for each run the
+server's CPU per request sent (user + system, all threads, warm-up included) and its threads' context switches
 per request.
 
 PIN=SERVERS:LOADGEN (CPU lists, e.g. PIN=1:0) runs the servers on the first CPUs and the load
