@@ -181,7 +181,9 @@ fn main() -> anyhow::Result<()> {
         .addr
         .iter()
         .enumerate()
-        .map(|(i, &addr)| Target::new(&args, addr, &args.ca[i.min(args.ca.len() - 1)]).map(Arc::new))
+        .map(|(i, &addr)| {
+            Target::new(&args, addr, &args.ca[i.min(args.ca.len() - 1)]).map(Arc::new)
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let report = runtime.block_on(async {
         if args.check {
@@ -592,9 +594,7 @@ async fn run(args: &Args, targets: Vec<Arc<Target>>) -> anyhow::Result<String> {
                 permits: (0..servers).map(|_| Semaphore::new(0)).collect(),
                 next: (0..servers).map(|_| AtomicUsize::new(0)).collect(),
                 start,
-                give_up: start
-                    + Duration::from_secs_f64(total as f64 / rate)
-                    + GIVE_UP_AFTER,
+                give_up: start + Duration::from_secs_f64(total as f64 / rate) + GIVE_UP_AFTER,
                 interval_ns,
                 total,
                 per_slice,
