@@ -296,27 +296,15 @@ impl Bench {
         let mut out = Vec::with_capacity(servers.len());
         let reports = &lines[lines.len() - servers.len()..];
         for ((server, line), file) in servers.iter().zip(reports).zip(&files) {
-            let report: LoadReport =
-                serde_json::from_str(line).with_context(|| format!("loadgen printed {line:?}"))?;
-            eprintln!(
-                "  {:8} {:8} {:6} {:>7}  p50 {:.3} ms  p99 {:.3} ms  errors {}  invalid {}  not sent {}",
+            let report = self.record(
                 server.name,
-                proto.label(),
-                "turns",
-                format!("@{rate:.0}"),
-                report.p50_ms,
-                report.p99_ms,
-                report.errors,
-                report.invalid,
-                report.unsent
-            );
-            let mut value = serde_json::to_value(&report)?;
-            value["server"] = server.name.into();
-            value["body"] = "typical".into();
-            value["turns_ms"] = self.args.slice_ms.into();
-            value["loadavg_before"] = before.into();
-            value["loadavg_after"] = after.into();
-            self.runs.push(value);
+                proto,
+                Some(rate),
+                line,
+                "typical",
+                (before, after),
+                Some(self.args.slice_ms),
+            )?;
             let latencies = read_latencies(file)?;
             std::fs::remove_file(file)?;
             out.push((report, latencies));
@@ -330,25 +318,20 @@ impl Bench {
         proto: Proto,
         rate: Option<f64>,
     ) -> anyhow::Result<LoadReport> {
-        self.load_body(server, proto, rate, None, None)
+        self.load_body(server, proto, rate, None)
     }
 
-    /// A load run; `body` is an AdmissionReview file to send instead of the typical review;
-    /// `latencies`, a file for the run's latencies.
+    /// A load run; `body` is an AdmissionReview file to send instead of the typical review.
     fn load_body(
         &mut self,
         server: Endpoint,
         proto: Proto,
         rate: Option<f64>,
         body: Option<&Path>,
-        latencies: Option<&Path>,
     ) -> anyhow::Result<LoadReport> {
         let mut extra = self.shape(proto);
         if let Some(body) = body {
             extra.extend(["--body".into(), body.display().to_string()]);
-        }
-        if let Some(path) = latencies {
-            extra.extend(["--latencies".into(), path.display().to_string()]);
         }
         extra.extend([
             "--duration".into(),
@@ -361,13 +344,43 @@ impl Bench {
         }
         let before = loadavg();
         let line = self.loadgen(server, &extra)?;
+        let body = body.map_or("typical", |_| "large_pod");
+        self.record(
+            server.name,
+            proto,
+            rate,
+            &line,
+            body,
+            (before, loadavg()),
+            None,
+        )
+    }
+
+    /// A server's report line from a load run: printed, kept for summary.json's `runs` (with
+    /// the load average before and after, and the length of the turns if it ran in turns), and
+    /// returned.
+    #[allow(clippy::too_many_arguments)]
+    fn record(
+        &mut self,
+        server: &str,
+        proto: Proto,
+        rate: Option<f64>,
+        line: &str,
+        body: &str,
+        (before, after): (f64, f64),
+        turns_ms: Option<f64>,
+    ) -> anyhow::Result<LoadReport> {
         let report: LoadReport =
-            serde_json::from_str(&line).with_context(|| format!("loadgen printed {line:?}"))?;
+            serde_json::from_str(line).with_context(|| format!("loadgen printed {line:?}"))?;
         eprintln!(
             "  {:8} {:8} {:6} {:>7}  {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  errors {}  invalid {}  not sent {}",
-            server.name,
+            server,
             proto.label(),
-            report.mode,
+            if turns_ms.is_some() {
+                "turns"
+            } else {
+                &report.mode
+            },
             rate.map_or(String::new(), |r| format!("@{r:.0}")),
             report.rps,
             report.p50_ms,
@@ -377,10 +390,13 @@ impl Bench {
             report.unsent
         );
         let mut value = serde_json::to_value(&report)?;
-        value["server"] = server.name.into();
-        value["body"] = body.map_or("typical".into(), |_| "large_pod".into());
+        value["server"] = server.into();
+        value["body"] = body.into();
+        if let Some(ms) = turns_ms {
+            value["turns_ms"] = ms.into();
+        }
         value["loadavg_before"] = before.into();
-        value["loadavg_after"] = loadavg().into();
+        value["loadavg_after"] = after.into();
         self.runs.push(value);
         Ok(report)
     }
@@ -645,7 +661,7 @@ fn main() -> anyhow::Result<()> {
             order.reverse();
         }
         for (side, ep) in order {
-            let report = bench.load_body(ep, Proto::H1, None, Some(&large_body), None)?;
+            let report = bench.load_body(ep, Proto::H1, None, Some(&large_body))?;
             errors += report.errors + report.invalid;
             if large[side].as_ref().is_none_or(|b| report.rps > b.rps) {
                 large[side] = Some(report);
