@@ -156,7 +156,11 @@ def run_interleaved(servers, http, rate, rounds, tmp, slice_ms):
          "--rate", str(rate), "--duration", str(2 * rounds * DURATION), "--warmup", str(WARMUP)],
         capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec()).stdout
     reports = [json.loads(line) for line in out.strip().splitlines()[-2:]]
-    sent = rate * (WARMUP + 2 * rounds * DURATION) / 2
+    # Requests each server was sent: loadgen rounds the warm-up and the measured time up to
+    # whole rounds of turns (a turn each), and gives each server half.
+    per_round = 2 * max(1, round(rate * slice_ms / 1e3))
+    whole = lambda seconds: -(-round(rate * seconds) // per_round) * per_round
+    sent = (whole(WARMUP) + whole(2 * rounds * DURATION)) / 2
     result = []
     for side, (proc, _, _) in enumerate(servers):
         cpu1, switches1 = cpu_and_switches(proc.pid)

@@ -208,50 +208,6 @@ pub struct LoadReport {
     pub max_ms: f64,
 }
 
-/// Latencies written by `loadgen --latencies` (nanoseconds, u64 little-endian).
-pub fn read_latencies(path: &Path) -> anyhow::Result<Vec<u64>> {
-    let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
-    anyhow::ensure!(
-        bytes.len() % 8 == 0,
-        "{}: not a list of u64 latencies",
-        path.display()
-    );
-    Ok(bytes
-        .chunks_exact(8)
-        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
-        .collect())
-}
-
-impl LoadReport {
-    /// Several open-loop runs at one rate as one: counts and measured time added, percentiles
-    /// over all their latencies (`latencies`, in nanoseconds, any order).
-    pub fn pooled(runs: &[LoadReport], mut latencies: Vec<u64>) -> anyhow::Result<LoadReport> {
-        let first = runs.first().context("no run to pool")?;
-        latencies.sort_unstable();
-        let sum = |f: fn(&LoadReport) -> u64| runs.iter().map(f).sum::<u64>();
-        let seconds = runs.iter().map(|r| r.seconds).sum::<f64>();
-        let requests = sum(|r| r.requests);
-        Ok(LoadReport {
-            mode: first.mode.clone(),
-            http: first.http,
-            connections: first.connections,
-            streams: first.streams,
-            offered_rps: first.offered_rps,
-            requests,
-            errors: sum(|r| r.errors),
-            invalid: sum(|r| r.invalid),
-            unsent: sum(|r| r.unsent),
-            seconds,
-            rps: requests as f64 / seconds,
-            p50_ms: percentile_ms(&latencies, 0.50),
-            p90_ms: percentile_ms(&latencies, 0.90),
-            p99_ms: percentile_ms(&latencies, 0.99),
-            p999_ms: percentile_ms(&latencies, 0.999),
-            max_ms: percentile_ms(&latencies, 1.0),
-        })
-    }
-}
-
 /// Nearest-rank percentile of sorted nanosecond samples, in milliseconds.
 pub fn percentile_ms(sorted_ns: &[u64], q: f64) -> f64 {
     if sorted_ns.is_empty() {
@@ -286,38 +242,6 @@ mod tests {
         assert!((percentile_ms(&samples, 0.99) - 99.0).abs() < 1e-9);
         assert!((percentile_ms(&samples, 1.0) - 100.0).abs() < 1e-9);
         assert!(percentile_ms(&[], 0.5).is_nan());
-    }
-
-    #[test]
-    fn pooled_runs_add_counts_and_take_percentiles_over_all_latencies() {
-        let run = |requests: u64, unsent: u64, seconds: f64| LoadReport {
-            mode: "open".into(),
-            http: 1,
-            connections: 16,
-            streams: 1,
-            offered_rps: Some(100.0),
-            requests,
-            errors: 1,
-            invalid: 0,
-            unsent,
-            seconds,
-            rps: requests as f64 / seconds,
-            p50_ms: 0.0,
-            p90_ms: 0.0,
-            p99_ms: 0.0,
-            p999_ms: 0.0,
-            max_ms: 0.0,
-        };
-        // One run's latencies are 1..=50 ms, the other's 51..=100 ms, given in no order.
-        let latencies: Vec<u64> = (1..=100).rev().map(|ms| ms * 1_000_000).collect();
-        let pooled =
-            LoadReport::pooled(&[run(50, 0, 5.0), run(50, 3, 5.0)], latencies).expect("pools");
-        assert_eq!((pooled.requests, pooled.errors, pooled.unsent), (100, 2, 3));
-        assert!((pooled.seconds - 10.0).abs() < 1e-9 && (pooled.rps - 10.0).abs() < 1e-9);
-        assert!((pooled.p50_ms - 50.0).abs() < 1e-9, "{}", pooled.p50_ms);
-        assert!((pooled.p99_ms - 99.0).abs() < 1e-9, "{}", pooled.p99_ms);
-        assert!((pooled.max_ms - 100.0).abs() < 1e-9, "{}", pooled.max_ms);
-        assert!(LoadReport::pooled(&[], Vec::new()).is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use anyhow::{Context as _, bail, ensure};
 use clap::Parser;
 use serde_json::{Value, json};
 use sidecar_injector_bench::{
-    LOOPBACK, LoadReport, free_port, make_pki, read_latencies, review_body, review_with_env,
+    LOOPBACK, LoadReport, free_port, make_pki, review_body, review_with_env,
 };
 
 #[derive(Debug, Parser)]
@@ -257,23 +257,15 @@ impl Bench {
     }
 
     /// The latency goal's run: `servers` in turns of `--slice-ms` at `rate`, each measured for
-    /// `--latency-seconds`; each one's report and latencies.
+    /// `--latency-seconds`; each one's report (its percentiles over its own latencies).
     fn load_in_turns(
         &mut self,
         servers: &[Endpoint],
         proto: Proto,
         rate: f64,
-        dir: &Path,
-    ) -> anyhow::Result<Vec<(LoadReport, Vec<u64>)>> {
+    ) -> anyhow::Result<Vec<LoadReport>> {
         let seconds = self.args.latency_seconds * servers.len() as f64;
-        let files: Vec<PathBuf> = servers
-            .iter()
-            .map(|s| dir.join(format!("latencies-{}.bin", s.name)))
-            .collect();
         let mut extra = self.shape(proto);
-        for file in &files {
-            extra.extend(["--latencies".into(), file.display().to_string()]);
-        }
         extra.extend([
             "--slice-ms".into(),
             self.args.slice_ms.to_string(),
@@ -293,23 +285,23 @@ impl Bench {
             servers.len()
         );
         let after = loadavg();
-        let mut out = Vec::with_capacity(servers.len());
-        let reports = &lines[lines.len() - servers.len()..];
-        for ((server, line), file) in servers.iter().zip(reports).zip(&files) {
-            let report = self.record(
-                server.name,
-                proto,
-                Some(rate),
-                line,
-                "typical",
-                (before, after),
-                Some(self.args.slice_ms),
-            )?;
-            let latencies = read_latencies(file)?;
-            std::fs::remove_file(file)?;
-            out.push((report, latencies));
-        }
-        Ok(out)
+        let lines = &lines[lines.len() - servers.len()..];
+        servers
+            .iter()
+            .zip(lines)
+            .map(|(server, line)| {
+                let turns = Some(self.args.slice_ms);
+                self.record(
+                    server.name,
+                    proto,
+                    Some(rate),
+                    line,
+                    "typical",
+                    (before, after),
+                    turns,
+                )
+            })
+            .collect()
     }
 
     fn load(
@@ -619,10 +611,7 @@ fn main() -> anyhow::Result<()> {
         // turns, so that whatever else the machine does falls on all three alike (separate
         // runs gave it to whichever ran then).
         let [hook, ceil, memo]: [LoadReport; 3] = bench
-            .load_in_turns(&[webhook_ep, ceiling_ep, memo_ep], proto, rate, &tmp)?
-            .into_iter()
-            .map(|(report, latencies)| LoadReport::pooled(&[report], latencies))
-            .collect::<anyhow::Result<Vec<_>>>()?
+            .load_in_turns(&[webhook_ep, ceiling_ep, memo_ep], proto, rate)?
             .try_into()
             .map_err(|_| anyhow::anyhow!("not one report for each server"))?;
         let own = bench.load(webhook_ep, proto, Some(own_rate))?;
@@ -960,16 +949,11 @@ fn main() -> anyhow::Result<()> {
         "| server | protocol | offered req/s | achieved req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | not sent |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    let (hook_label, ceil_label, memo_label) = (
-        "webhook (in turns)".to_owned(),
-        "ceiling (in turns)".to_owned(),
-        "webhook, memory of answers on (in turns)".to_owned(),
-    );
     for l in &latency {
         for (name, rate, r) in [
-            (hook_label.as_str(), l.rate, &l.hook),
-            (ceil_label.as_str(), l.rate, &l.ceil),
-            (memo_label.as_str(), l.rate, &l.memo),
+            ("webhook (in turns)", l.rate, &l.hook),
+            ("ceiling (in turns)", l.rate, &l.ceil),
+            ("webhook, memory of answers on (in turns)", l.rate, &l.memo),
             ("webhook, at half its own rate", l.own_rate, &l.own),
         ] {
             println!(
