@@ -403,10 +403,16 @@ impl Quoted {
 /// Bound on each table of cached renderings; a table starts over when it is full.
 const CACHE_LIMIT: usize = 4096;
 
-type Table<T> = std::sync::Mutex<foldhash::HashMap<Vec<u8>, Arc<T>>>;
+/// A table of cached renderings. Read far more often than written (a write is a rendering
+/// not seen before), and read by every serving thread at once: under a mutex, a thread that
+/// was preempted while it held the lock (the machine's other work wants the CPU too) made the
+/// other serving threads sleep until it ran again, and every request on them waited (`perf`
+/// counted 171 futex calls in 4 s at 24,000 reviews a second; BENCHMARKS.md, "Locks on the
+/// serving path"). Readers of a read-write lock do not wait for one another.
+type Table<T> = std::sync::RwLock<foldhash::HashMap<Vec<u8>, Arc<T>>>;
 
 fn cached<T: ?Sized>(table: &Table<T>, key: &[u8]) -> Option<Arc<T>> {
-    table.lock().ok()?.get(key).cloned()
+    table.read().ok()?.get(key).cloned()
 }
 
 /// `make(key)`, made once per distinct key and kept in `table`.
@@ -424,7 +430,7 @@ fn remembered<T: ?Sized>(
 }
 
 fn keep<T: ?Sized>(table: &Table<T>, key: Vec<u8>, value: Arc<T>) {
-    if let Ok(mut entries) = table.lock() {
+    if let Ok(mut entries) = table.write() {
         if entries.len() >= CACHE_LIMIT {
             entries.clear();
         }

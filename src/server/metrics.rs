@@ -5,14 +5,21 @@
 //! that answering a review does not hash its labels again: `prometheus-client` finds a series
 //! by hashing its label set with SipHash under a lock, a few hundred instructions a series.
 //! A series still appears in `/metrics` only once it is first counted.
+//!
+//! Nothing a review counts takes a lock that another serving thread can hold: counters are
+//! atomic, the latency histogram is [`Latency`] (prometheus-client's `Histogram` takes a write
+//! lock for every observation), and the injection handles sit behind a read-write lock that is
+//! written only when a new template hash is first counted. A thread preempted while it held a
+//! shared lock made the other serving threads sleep until it ran again (BENCHMARKS.md).
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 use crate::engine::memo::Recall;
@@ -86,10 +93,10 @@ fn outcome_index(outcome: Outcome) -> usize {
 #[derive(Default)]
 struct Handles {
     reviews: [[OnceLock<Counter>; OUTCOMES]; WEBHOOKS],
-    latency: [OnceLock<Histogram>; WEBHOOKS],
+    latency: [OnceLock<Latency>; WEBHOOKS],
     recalls: [OnceLock<Counter>; RECALLS],
     /// By template name and hash (foldhash, not SipHash); a new configuration adds its own.
-    injections: Mutex<foldhash::HashMap<TemplateLabels, Counter>>,
+    injections: RwLock<foldhash::HashMap<TemplateLabels, Counter>>,
 }
 
 /// Bound on the kept injection handles: after many reloads the table starts over (the series
@@ -120,7 +127,7 @@ impl ReloadKind {
 pub struct Metrics {
     registry: Registry,
     reviews: Family<ReviewLabels, Counter>,
-    latency: Family<WebhookLabel, Histogram>,
+    latency: Family<WebhookLabel, Latency>,
     reloads: Family<ReloadLabels, Counter>,
     rejected: Family<RejectLabel, Counter>,
     recalls: Family<RecallLabel, Counter>,
@@ -150,8 +157,7 @@ impl Default for Metrics {
             "AdmissionReviews answered, by webhook and outcome",
             reviews.clone(),
         );
-        let latency =
-            Family::<WebhookLabel, Histogram>::new_with_constructor(|| Histogram::new(BUCKETS));
+        let latency = Family::<WebhookLabel, Latency>::default();
         registry.register(
             "review_duration_seconds",
             "Time from a complete request body to the encoded answer",
@@ -208,6 +214,60 @@ impl Default for Metrics {
     }
 }
 
+/// The review latency histogram, without a lock: its counts are atomic, and the sum is kept in
+/// nanoseconds. A scrape reads the buckets before the count and an observation counts the
+/// count before its bucket, so a scrape never shows a bucket above `+Inf`.
+#[derive(Clone, Debug, Default)]
+pub struct Latency(Arc<LatencyCounts>);
+
+#[derive(Debug, Default)]
+struct LatencyCounts {
+    count: AtomicU64,
+    sum_ns: AtomicU64,
+    /// Observations by the first bucket that holds them (not cumulative), as prometheus-client
+    /// keeps them; above the last bound, in none (the count has them).
+    buckets: [AtomicU64; BUCKETS.len()],
+}
+
+impl Latency {
+    pub fn observe(&self, seconds: f64) {
+        let counts = &self.0;
+        counts.count.fetch_add(1, Ordering::SeqCst);
+        // Saturating casts: NaN counts as 0, and no review takes 584 years.
+        let ns = (seconds * 1e9) as u64;
+        counts.sum_ns.fetch_add(ns, Ordering::Relaxed);
+        if let Some(i) = BUCKETS.iter().position(|&bound| seconds <= bound) {
+            counts.buckets[i].fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl TypedMetric for Latency {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Latency {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let counts = &self.0;
+        let mut buckets: Vec<(f64, u64)> = BUCKETS
+            .iter()
+            .zip(&counts.buckets)
+            .map(|(&bound, n)| (bound, n.load(Ordering::SeqCst)))
+            .collect();
+        let count = counts.count.load(Ordering::SeqCst);
+        // `+Inf` (prometheus-client's `f64::MAX` bound): what no bound holds, so that it is
+        // the count exactly.
+        let bounded: u64 = buckets.iter().map(|(_, n)| n).sum();
+        buckets.push((f64::MAX, count.saturating_sub(bounded)));
+        let sum = counts.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
 impl Metrics {
     pub fn review(&self, webhook: Webhook, outcome: Outcome, seconds: f64) {
         let (w, o) = (webhook_index(webhook), outcome_index(outcome));
@@ -244,18 +304,28 @@ impl Metrics {
 
     /// One pod injected with these templates (name, hash).
     pub fn injected(&self, templates: &[(Arc<str>, Arc<str>)]) {
-        let Ok(mut handles) = self.handles.injections.lock() else {
+        let mut missing = Vec::new();
+        if let Ok(handles) = self.handles.injections.read() {
+            for (template, template_hash) in templates {
+                let labels = TemplateLabels {
+                    template: template.clone(),
+                    template_hash: template_hash.clone(),
+                };
+                match handles.get(&labels) {
+                    Some(counter) => {
+                        counter.inc();
+                    }
+                    None => missing.push(labels),
+                }
+            }
+        }
+        if missing.is_empty() {
+            return;
+        }
+        let Ok(mut handles) = self.handles.injections.write() else {
             return;
         };
-        for (template, template_hash) in templates {
-            let labels = TemplateLabels {
-                template: template.clone(),
-                template_hash: template_hash.clone(),
-            };
-            if let Some(counter) = handles.get(&labels) {
-                counter.inc();
-                continue;
-            }
+        for labels in missing {
             let counter = self.injections.get_or_create(&labels).clone();
             counter.inc();
             if handles.len() >= INJECTION_HANDLES {
@@ -330,5 +400,36 @@ mod tests {
             assert!(text.contains(line), "{line} missing from {text}");
         }
         assert!(!text.contains(r#"outcome="skipped""#), "{text}");
+    }
+
+    /// The lock-free histogram is exposed as prometheus-client's own was: cumulative buckets,
+    /// `+Inf` equal to the count, the sum in seconds.
+    #[test]
+    fn latency_is_a_cumulative_histogram() {
+        let m = Metrics::default();
+        for seconds in [0.00004, 0.00004, 0.0003, 0.002, 7.0] {
+            m.review(Webhook::Mutate, Outcome::Injected, seconds);
+        }
+        let text = m.encode();
+        for line in [
+            r#"sidecar_injector_review_duration_seconds_bucket{le="0.00005",webhook="mutate"} 2"#,
+            r#"sidecar_injector_review_duration_seconds_bucket{le="0.00025",webhook="mutate"} 2"#,
+            r#"sidecar_injector_review_duration_seconds_bucket{le="0.0005",webhook="mutate"} 3"#,
+            r#"sidecar_injector_review_duration_seconds_bucket{le="0.0025",webhook="mutate"} 4"#,
+            r#"sidecar_injector_review_duration_seconds_bucket{le="1.0",webhook="mutate"} 4"#,
+            r#"sidecar_injector_review_duration_seconds_bucket{le="+Inf",webhook="mutate"} 5"#,
+            r#"sidecar_injector_review_duration_seconds_count{webhook="mutate"} 5"#,
+            "# TYPE sidecar_injector_review_duration_seconds histogram",
+        ] {
+            assert!(text.contains(line), "{line} missing from {text}");
+        }
+        let sum: f64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"sidecar_injector_review_duration_seconds_sum{webhook="mutate"} "#)
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no sum in {text}"));
+        assert!((sum - 7.00238).abs() < 1e-6, "{sum}");
     }
 }
