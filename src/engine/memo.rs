@@ -44,7 +44,8 @@
 
 use std::hash::{BuildHasher as _, Hasher as _};
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 
 use crate::engine::config::Injector;
 use crate::engine::inject::Entry;
@@ -61,7 +62,16 @@ pub const DEFAULT_ENTRIES: usize = 512;
 pub struct Memo {
     entries: usize,
     hasher: foldhash::fast::RandomState,
-    table: Mutex<Table>,
+    /// Read-write: an answer from memory only reads it, so the serving threads never wait
+    /// for one another there (a thread preempted while it held a mutex made the others sleep;
+    /// BENCHMARKS.md, "Locks on the serving path").
+    table: RwLock<Table>,
+    /// Lookups since the answers last started over: they start over when full only after
+    /// [`CHURN`] times as many lookups as they hold, so that more bodies repeating than the
+    /// memory holds (in turn) are not copied in on every request only to be dropped before
+    /// they come again; while full, the answers kept are answered and no others kept. Counted
+    /// outside the table, so that a lookup does not write it.
+    since_start: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -71,14 +81,9 @@ struct Table {
     /// Keys of bodies reviewed and not kept (now): a body is kept the second time it comes, so
     /// that bodies that never repeat cost a hash, not a copy of body and answer.
     seen: foldhash::HashMap<u64, Sighting>,
-    /// Lookups since the answers last started over: they start over when full only after
-    /// [`CHURN`] times as many lookups as they hold, so that more bodies repeating than the
-    /// memory holds (in turn) are not copied in on every request only to be dropped before
-    /// they come again; while full, the answers kept are answered and no others kept.
-    since_start: usize,
 }
 
-/// See [`Table::since_start`].
+/// See [`Memo::since_start`].
 const CHURN: usize = 4;
 
 /// How many keys [`Table::seen`] records for each entry the memory holds before it forgets
@@ -138,15 +143,17 @@ impl Memo {
         Self {
             entries,
             hasher: foldhash::fast::RandomState::default(),
-            table: Mutex::default(),
+            table: RwLock::default(),
+            since_start: AtomicUsize::new(0),
         }
     }
 
     /// Forgets every answer (the server calls it when a reload replaces the injector; an answer
     /// of the old one could not be recalled anyway, but its memory would be kept).
     pub fn clear(&self) {
-        if let Ok(mut table) = self.table.lock() {
+        if let Ok(mut table) = self.table.write() {
             *table = Table::default();
+            self.since_start.store(0, Ordering::Relaxed);
         }
     }
 
@@ -272,17 +279,30 @@ impl Memo {
     }
 
     /// The answer kept under `key`; if there is none, how `key` came before (it is noted,
-    /// within a bound, for the next); and whether there is room to keep it now. Under one lock.
+    /// within a bound, for the next); and whether there is room to keep it now. A hit only
+    /// reads the table; the rest is noted under its write lock.
     fn recall(&self, key: u64) -> (Option<Arc<Remembered>>, Sighting, bool) {
-        let Ok(mut table) = self.table.lock() else {
+        let since_start = self
+            .since_start
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        match self.table.read() {
+            Ok(table) => {
+                if let Some(known) = table.answers.get(&key) {
+                    return (Some(known.clone()), Sighting::Again, true);
+                }
+            }
+            Err(_) => return (None, Sighting::First, false),
+        }
+        let Ok(mut table) = self.table.write() else {
             return (None, Sighting::First, false);
         };
-        table.since_start = table.since_start.saturating_add(1);
+        // Kept by another thread in between.
         if let Some(known) = table.answers.get(&key) {
             return (Some(known.clone()), Sighting::Again, true);
         }
-        let room = table.answers.len() < self.entries
-            || table.since_start >= self.entries.saturating_mul(CHURN);
+        let room =
+            table.answers.len() < self.entries || since_start >= self.entries.saturating_mul(CHURN);
         if table.seen.len() >= self.entries.saturating_mul(SEEN_PER_ENTRY) {
             table.seen.clear();
         }
@@ -298,7 +318,7 @@ impl Memo {
     /// Notes how the body under `key` is to be taken when it comes again (a body that is kept
     /// and later forgotten when the memory starts over comes again too).
     fn note(&self, key: u64, sighting: Sighting) {
-        if let Ok(mut table) = self.table.lock() {
+        if let Ok(mut table) = self.table.write() {
             table.seen.insert(key, sighting);
         }
     }
@@ -335,18 +355,18 @@ impl Memo {
             summary: answer.summary.clone(),
             injected: answer.injected.clone(),
         });
-        let Ok(mut table) = self.table.lock() else {
+        let Ok(mut table) = self.table.write() else {
             return;
         };
         if table.answers.len() >= self.entries || table.bytes + size > BYTES {
-            if table.since_start < self.entries.saturating_mul(CHURN) {
+            if self.since_start.load(Ordering::Relaxed) < self.entries.saturating_mul(CHURN) {
                 // Full, and filled too recently to start over (another thread came first).
                 return;
             }
             // Starts over; the record of keys seen has a bound of its own.
             table.answers.clear();
             table.bytes = 0;
-            table.since_start = 0;
+            self.since_start.store(0, Ordering::Relaxed);
         }
         if let Some(replaced) = table.answers.insert(key, remembered) {
             table.bytes -= replaced.body.len() + replaced.answer.len();
@@ -624,7 +644,7 @@ mod tests {
             assert_eq!(ask(&memo, &inj, body).1, Recall::Miss);
             assert_eq!(ask(&memo, &inj, body).1, Recall::Miss);
         }
-        assert_eq!(memo.table.lock().unwrap().answers.len(), 2);
+        assert_eq!(memo.table.read().unwrap().answers.len(), 2);
         // Full, and filled in fewer than CHURN x 2 lookups: the third is not kept, and the
         // answers kept are still answered.
         assert_eq!(ask(&memo, &inj, &bodies[2]).1, Recall::Miss);
@@ -632,12 +652,12 @@ mod tests {
         assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Hit);
         // The eighth lookup: the memory starts over with the third.
         assert_eq!(ask(&memo, &inj, &bodies[2]).1, Recall::Miss);
-        assert_eq!(memo.table.lock().unwrap().answers.len(), 1);
+        assert_eq!(memo.table.read().unwrap().answers.len(), 1);
         assert_eq!(ask(&memo, &inj, &bodies[2]).1, Recall::Hit);
         assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Miss);
         assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Hit);
         memo.clear();
-        assert_eq!(memo.table.lock().unwrap().bytes, 0);
+        assert_eq!(memo.table.read().unwrap().bytes, 0);
         assert_eq!(ask(&memo, &inj, &bodies[0]).1, Recall::Miss);
     }
 
@@ -688,7 +708,7 @@ mod tests {
     fn a_memory_that_started_over_takes_a_checked_replica_back() {
         let (inj, memo) = two_replicas_seen(1);
         let checked = |memo: &Memo| {
-            let table = memo.table.lock().unwrap();
+            let table = memo.table.read().unwrap();
             table
                 .seen
                 .values()
