@@ -95,8 +95,10 @@ struct Handles {
     reviews: [[OnceLock<Counter>; OUTCOMES]; WEBHOOKS],
     latency: [OnceLock<Latency>; WEBHOOKS],
     recalls: [OnceLock<Counter>; RECALLS],
-    /// By template name and hash (foldhash, not SipHash); a new configuration adds its own.
-    injections: RwLock<foldhash::HashMap<TemplateLabels, Counter>>,
+    /// By template name and hash, newest last; a new configuration adds its own. Found by
+    /// pointer first (the configuration's own strings) and read without cloning them: a clone
+    /// is a write to a count the other serving threads write too.
+    injections: RwLock<Vec<(TemplateLabels, Counter)>>,
 }
 
 /// Bound on the kept injection handles: after many reloads the table starts over (the series
@@ -304,18 +306,23 @@ impl Metrics {
 
     /// One pod injected with these templates (name, hash).
     pub fn injected(&self, templates: &[(Arc<str>, Arc<str>)]) {
+        fn same(kept: &Arc<str>, given: &Arc<str>) -> bool {
+            Arc::ptr_eq(kept, given) || kept == given
+        }
         let mut missing = Vec::new();
         if let Ok(handles) = self.handles.injections.read() {
             for (template, template_hash) in templates {
-                let labels = TemplateLabels {
-                    template: template.clone(),
-                    template_hash: template_hash.clone(),
-                };
-                match handles.get(&labels) {
-                    Some(counter) => {
+                let kept = handles.iter().rev().find(|(labels, _)| {
+                    same(&labels.template, template) && same(&labels.template_hash, template_hash)
+                });
+                match kept {
+                    Some((_, counter)) => {
                         counter.inc();
                     }
-                    None => missing.push(labels),
+                    None => missing.push(TemplateLabels {
+                        template: template.clone(),
+                        template_hash: template_hash.clone(),
+                    }),
                 }
             }
         }
@@ -331,7 +338,7 @@ impl Metrics {
             if handles.len() >= INJECTION_HANDLES {
                 handles.clear();
             }
-            handles.insert(labels, counter);
+            handles.push((labels, counter));
         }
     }
 
