@@ -44,5 +44,5 @@ test-e2e-node: ## The scenarios on a real node: a whole cluster in its own netwo
 # The control plane is built before the chart tests, which also install the chart into it.
 test: lint test-unit control-plane test-chart test-e2e test-e2e-node ## Everything CI runs.
 
-bench: ## Benchmarks, with Istio's injector as the peer row (the image's profile-guided release build, tools/pgo-build.sh; loopback only; about 10 minutes, plus the first builds: about 15 for PGO, about 5 for the peer).
+bench: ## Benchmarks, with Istio's injector as the peer row (the image's profile-guided release build, tools/pgo-build.sh; loopback only; about 14 minutes, plus the first builds: about 15 for PGO, about 5 for the peer).
 	bash bench/run.sh

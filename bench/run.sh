@@ -70,6 +70,6 @@ else
   peer=(--istio-unavailable "$reason")
 fi
 
-timeout 720 "$cargo" run --release -q -p sidecar-injector-bench --bin bench-run -- \
+timeout 1020 "$cargo" run --release -q -p sidecar-injector-bench --bin bench-run -- \
   --out "$out" --criterion "$out/criterion" --revision "$revision" "${peer[@]}" \
   "${instructions[@]}" "$@"

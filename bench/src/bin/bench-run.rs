@@ -40,7 +40,9 @@ struct Args {
     /// three in turns of `--slice-ms`: all three see the same moments of the machine. Runs one
     /// after another (ABBA, four rounds of 6 s, until this) gave two identical servers p99
     /// ratios up to 5.99 here; turns of a second, 0.75-1.15 (`bench/p99-noise.py`, BENCHMARKS.md).
-    #[arg(long, default_value_t = 24.0)]
+    /// 60 s since 26 November 2026: with 24 the same webhook's ratio ranged 1.08-2.74 over eight
+    /// runs, a p99 decided by a few dozen of the machine's stalls; with 60, 0.92-1.64 over six.
+    #[arg(long, default_value_t = 60.0)]
     latency_seconds: f64,
     /// Length of each server's turn in the latency run, in milliseconds.
     #[arg(long, default_value_t = 1000.0)]
@@ -67,7 +69,7 @@ struct Args {
     #[arg(long, default_value = "unknown")]
     revision: String,
     /// Stop everything and fail after this many seconds.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 900)]
     budget: u64,
     /// Instruction counts per review (`bench/profile.sh` writes them as JSON); without it
     /// those goals are not measured.

@@ -159,8 +159,8 @@ fn main() -> anyhow::Result<()> {
         "--streams needs --http 2"
     );
     ensure!(
-        args.duration > 0.0 && args.duration <= 120.0,
-        "--duration (0, 120]"
+        args.duration > 0.0 && args.duration <= 600.0,
+        "--duration (0, 600]"
     );
     ensure!((0.0..=30.0).contains(&args.warmup), "--warmup [0, 30]");
     ensure!(args.workloads >= 1, "--workloads 1 or more");
