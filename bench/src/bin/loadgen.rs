@@ -98,8 +98,10 @@ struct Args {
     latencies: Vec<PathBuf>,
     /// Open loop: write each answered measured request as three u64 little-endian values, in
     /// schedule order: its slot, how late it was sent after it was due, and its latency (ns).
+    /// With several `--addr`, one file for each, in the same order (the slots are the shared
+    /// schedule's: a server's turn is `--slice-ms` of them in a row).
     #[arg(long)]
-    timeline: Option<PathBuf>,
+    timeline: Vec<PathBuf>,
     /// Send the body's own uid on every request. Without it every request gets a uid of its
     /// own, as the API server gives each: the body's uid with its last (up to 12) characters
     /// replaced by the request's number in hexadecimal, so the body keeps its length.
@@ -139,10 +141,14 @@ fn main() -> anyhow::Result<()> {
         args.latencies.is_empty() || args.latencies.len() == args.addr.len(),
         "--latencies: one file for each --addr"
     );
+    ensure!(
+        args.timeline.is_empty() || args.timeline.len() == args.addr.len(),
+        "--timeline: one file for each --addr"
+    );
     if args.addr.len() > 1 {
         ensure!(
-            args.rate.is_some() && args.timeline.is_none() && !args.check,
-            "several --addr need --rate, and cannot go with --timeline or --check"
+            args.rate.is_some() && !args.check,
+            "several --addr need --rate, and cannot go with --check"
         );
         ensure!(
             args.slice_ms >= 1.0 && args.slice_ms <= 10_000.0,
@@ -599,7 +605,7 @@ async fn run(args: &Args, targets: Vec<Arc<Target>>) -> anyhow::Result<String> {
                 total,
                 per_slice,
                 warmup_slots,
-                timeline: args.timeline.is_some(),
+                timeline: !args.timeline.is_empty(),
             });
             for (server, sender) in senders {
                 let task = open_worker(targets[server].clone(), sender, pace.clone(), server);
@@ -665,7 +671,7 @@ async fn run(args: &Args, targets: Vec<Arc<Target>>) -> anyhow::Result<String> {
     }
     let mut lines = Vec::with_capacity(servers);
     for (server, mut tally) in tallies.into_iter().enumerate() {
-        if let Some(path) = &args.timeline {
+        if let Some(path) = args.timeline.get(server) {
             let mut timeline = std::mem::take(&mut tally.timeline);
             timeline.sort_unstable();
             let bytes: Vec<u8> = timeline
