@@ -407,8 +407,9 @@ const CACHE_LIMIT: usize = 4096;
 /// not seen before), and read by every serving thread at once: under a mutex, a thread that
 /// was preempted while it held the lock (the machine's other work wants the CPU too) made the
 /// other serving threads sleep until it ran again, and every request on them waited (`perf`
-/// counted 171 futex calls in 4 s at 24,000 reviews a second; BENCHMARKS.md, "Locks on the
-/// serving path"). Readers of a read-write lock do not wait for one another.
+/// counted 136-171 futex calls in 4 s at 24,000 reviews a second, from these tables and the
+/// metrics; BENCHMARKS.md, "Locks on the serving path"). Readers of a read-write lock do not
+/// wait for one another.
 type Table<T> = std::sync::RwLock<foldhash::HashMap<Vec<u8>, Arc<T>>>;
 
 fn cached<T: ?Sized>(table: &Table<T>, key: &[u8]) -> Option<Arc<T>> {

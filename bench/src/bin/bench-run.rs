@@ -41,7 +41,8 @@ struct Args {
     /// after another (ABBA, four rounds of 6 s, until this) gave two identical servers p99
     /// ratios up to 5.99 here; turns of a second, 0.75-1.15 (`bench/p99-noise.py`, BENCHMARKS.md).
     /// 60 s since 26 November 2026: with 24 the same webhook's ratio ranged 1.08-2.74 over eight
-    /// runs, a p99 decided by a few dozen of the machine's stalls; with 60, 0.92-1.64 over six.
+    /// two-server runs, a p99 decided by a few dozen of the machine's stalls; with 60, 0.92-1.64
+    /// over six. (The first two runs of this program at 60 s gave 2.81 and 2.26 on HTTP/1.1.)
     #[arg(long, default_value_t = 60.0)]
     latency_seconds: f64,
     /// Length of each server's turn in the latency run, in milliseconds.
