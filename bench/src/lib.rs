@@ -59,7 +59,7 @@ pub fn review_with_env(env: &[usize]) -> anyhow::Result<Vec<u8>> {
 /// The whole answer is read as strict JSON with the engine's reader (`engine::json`), which
 /// checks every value it steps over; serde_json cost the load generator about 3 µs an answer
 /// (a byte at a time through the patch's base64), on the two cores it shares with the server
-/// it measures (BENCHMARKS.md, "The load generator's share").
+/// it measures (BENCHMARKS.md, "The goal's rate and the load generator's share").
 pub fn check_answer(answer: &[u8], uid: &str) -> anyhow::Result<usize> {
     use sidecar_injector::engine::json::{self, Reader};
     let text =
@@ -73,9 +73,14 @@ pub fn check_answer(answer: &[u8], uid: &str) -> anyhow::Result<usize> {
         patch: Option<std::borrow::Cow<'a, str>>,
     }
     // A field given twice is refused, as serde_json refuses it: the answer is not one review.
-    fn once<T>(r: &Reader<'_>, slot: &mut Option<T>, value: T) -> json::Result<()> {
-        match slot.replace(value) {
-            Some(_) => Err(r.wrong("duplicate field")),
+    fn once<'a, T>(
+        r: &mut Reader<'a>,
+        slot: &mut Option<T>,
+        read: impl FnOnce(&mut Reader<'a>) -> json::Result<T>,
+    ) -> json::Result<()> {
+        let at = r.wrong("duplicate field");
+        match slot.replace(read(r)?) {
+            Some(_) => Err(at),
             None => Ok(()),
         }
     }
@@ -86,22 +91,10 @@ pub fn check_answer(answer: &[u8], uid: &str) -> anyhow::Result<usize> {
             "response" if !seen.response => {
                 seen.response = true;
                 r.object(|r, key| match &*key {
-                    "uid" => {
-                        let v = r.string()?;
-                        once(r, &mut seen.uid, v)
-                    }
-                    "allowed" => {
-                        let v = r.bool()?;
-                        once(r, &mut seen.allowed, v)
-                    }
-                    "patchType" => {
-                        let v = r.string()?;
-                        once(r, &mut seen.patch_type, v)
-                    }
-                    "patch" => {
-                        let v = r.string()?;
-                        once(r, &mut seen.patch, v)
-                    }
+                    "uid" => once(r, &mut seen.uid, Reader::string),
+                    "allowed" => once(r, &mut seen.allowed, Reader::bool),
+                    "patchType" => once(r, &mut seen.patch_type, Reader::string),
+                    "patch" => once(r, &mut seen.patch, Reader::string),
                     _ => r.skip(),
                 })
             }
