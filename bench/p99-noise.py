@@ -11,9 +11,17 @@ own noise), with the webhook against a ceiling (`ab`), or with a ceiling that al
 engine on each body against a plain one (`eb`: the engine's share of the webhook's gap, without
 the webhook's shell), or with a ceiling that spins SPIN_US microseconds a request against a
 plain one (`sb`: a synthetic engine of known cost that fetches nothing), and prints each
-trial's pooled p99s and their ratio, one JSON line each. Loopback only; bounded: TRIALS x 2 x ROUNDS runs of 7 s.
+trial's pooled p99s and their ratio, one JSON line each. Loopback only; bounded: TRIALS x 2 x ROUNDS runs of 7 s
+(a ladder: that for each of its 2 + len(SPINS) rungs).
 
     python3 bench/p99-noise.py aa|ab|eb|sb HTTP RATE TRIALS [ROUNDS]      (e.g. ab 2 17000 5 4; ROUNDS: 2)
+    python3 bench/p99-noise.py ladder HTTP RATE TRIALS ROUNDS SPINS       (e.g. ladder 1 27000 3 10 2,4,6)
+
+`ladder` runs, in each trial, aa, then sb with each spin of SPINS (µs, comma-separated), then ab,
+one after another, so that every rung sees the same phases of the machine; after the runs' lines
+it prints a line per rung: its ratios, how many went over 2x, and the server CPU a request each
+side differed by. Each trial of any pair starts servers of its own (until 26 November 2026 the
+servers of a pair served all its trials).
 
 Uses the release binaries of `make bench` (CARGO_TARGET_DIR or target/release).
 
@@ -183,49 +191,85 @@ def percentiles_ms(samples, *qs):
 PAIRS = {"aa": "ceiling", "ab": "webhook", "eb": "engine", "sb": "spin"}
 
 
-def main():
-    if len(sys.argv) not in (5, 6) or sys.argv[1] not in PAIRS:
-        sys.exit(__doc__)
-    pair, http, rate, trials = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def trial(pair, http, rate, rounds, trial_no, spin_us=None):
+    """One trial of `pair` with servers of its own: its JSON line (a dict)."""
     first = PAIRS[pair]
-    rounds = int(sys.argv[5]) if len(sys.argv) == 6 else 2
+    if spin_us is not None:
+        os.environ["SPIN_US"] = str(spin_us)
     with tempfile.TemporaryDirectory() as tmp:
         servers = []
         try:
             servers.append(start(first, 19500, tmp))
             servers.append(start("ceiling", 19510, tmp))
-            for trial in range(trials):
-                pooled = [array.array("Q"), array.array("Q")]
-                given_up = [0, 0]
-                cpu, switches, run_p99 = [[], []], [[], []], [[], []]
-                slice_ms = float(os.environ.get("INTERLEAVE_MS", "0"))
-                for side, (report, latencies) in enumerate(
-                        run_interleaved(servers, http, rate, rounds, tmp, slice_ms) if slice_ms else []):
+            pooled = [array.array("Q"), array.array("Q")]
+            given_up = [0, 0]
+            cpu, switches, run_p99 = [[], []], [[], []], [[], []]
+            slice_ms = float(os.environ.get("INTERLEAVE_MS", "0"))
+            for side, (report, latencies) in enumerate(
+                    run_interleaved(servers, http, rate, rounds, tmp, slice_ms) if slice_ms else []):
+                pooled[side].extend(latencies)
+                given_up[side] += report["unsent"] + report["errors"]
+                cpu[side].append(round(report["server_cpu_us"], 1))
+                switches[side].append(round(report["server_switches"], 2))
+                run_p99[side].append(round(percentiles_ms(latencies, 0.99)[0], 3))
+            for rnd in range(0 if slice_ms else rounds):
+                for side in ([0, 1] if rnd % 2 == 0 else [1, 0]):
+                    report, latencies = run(servers[side], http, rate, os.path.join(tmp, "l.bin"))
                     pooled[side].extend(latencies)
                     given_up[side] += report["unsent"] + report["errors"]
                     cpu[side].append(round(report["server_cpu_us"], 1))
                     switches[side].append(round(report["server_switches"], 2))
                     run_p99[side].append(round(percentiles_ms(latencies, 0.99)[0], 3))
-                for rnd in range(0 if slice_ms else rounds):
-                    for side in ([0, 1] if rnd % 2 == 0 else [1, 0]):
-                        report, latencies = run(servers[side], http, rate, os.path.join(tmp, "l.bin"))
-                        pooled[side].extend(latencies)
-                        given_up[side] += report["unsent"] + report["errors"]
-                        cpu[side].append(round(report["server_cpu_us"], 1))
-                        switches[side].append(round(report["server_switches"], 2))
-                        run_p99[side].append(round(percentiles_ms(latencies, 0.99)[0], 3))
-                (a, a50), (b, b50) = (percentiles_ms(side, 0.99, 0.5) for side in pooled)
-                print(json.dumps({"pair": pair, "http": http, "rate": rate, "rounds": rounds, "trial": trial,
-                                  "p99_a_ms": round(a, 3), "p99_b_ms": round(b, 3),
-                                  "ratio": round(a / b, 2), "given_up": given_up,
-                                  "p50_a_ms": round(a50, 3), "p50_b_ms": round(b50, 3),
-                                  "server_cpu_us_a": cpu[0], "server_cpu_us_b": cpu[1],
-                                  "switches_a": switches[0], "switches_b": switches[1],
-                                  "run_p99_a_ms": run_p99[0], "run_p99_b_ms": run_p99[1]}), flush=True)
         finally:
             for proc, _, _ in servers:
                 proc.terminate()
                 proc.wait()
+    (a, a50), (b, b50) = (percentiles_ms(side, 0.99, 0.5) for side in pooled)
+    return {"pair": pair, "http": http, "rate": rate, "rounds": rounds, "trial": trial_no,
+            **({"spin_us": spin_us} if spin_us is not None else {}),
+            "p99_a_ms": round(a, 3), "p99_b_ms": round(b, 3),
+            "ratio": round(a / b, 2), "given_up": given_up,
+            "p50_a_ms": round(a50, 3), "p50_b_ms": round(b50, 3),
+            "server_cpu_us_a": cpu[0], "server_cpu_us_b": cpu[1],
+            "switches_a": switches[0], "switches_b": switches[1],
+            "run_p99_a_ms": run_p99[0], "run_p99_b_ms": run_p99[1]}
+
+
+def ladder(http, rate, trials, rounds, spins):
+    """Each trial: two ceilings (aa), a ceiling spinning each of `spins` µs a request against a
+    plain one (sb), and the webhook against a ceiling (ab), one after another with servers of
+    their own, so that every rung sees the same phases of the machine. Prints each run's line,
+    then each rung's ratios and the extra server CPU a request they came from."""
+    rungs = [("aa", None)] + [("sb", spin) for spin in spins] + [("ab", None)]
+    results = {rung: [] for rung in rungs}
+    for trial_no in range(trials):
+        for pair, spin in rungs:
+            line = trial(pair, http, rate, rounds, trial_no, spin)
+            print(json.dumps(line), flush=True)
+            results[(pair, spin)].append(line)
+    for (pair, spin), lines in results.items():
+        name = f"sb {spin} us" if spin is not None else pair
+        extra = [round(sum(l["server_cpu_us_a"]) / len(l["server_cpu_us_a"])
+                       - sum(l["server_cpu_us_b"]) / len(l["server_cpu_us_b"]), 1) for l in lines]
+        print(json.dumps({"rung": name, "ratios": [l["ratio"] for l in lines],
+                          "over_2x": sum(l["ratio"] > 2 for l in lines),
+                          "extra_cpu_us": extra,
+                          "ceiling_p99_ms": [l["p99_b_ms"] for l in lines]}), flush=True)
+
+
+def main():
+    if len(sys.argv) >= 2 and sys.argv[1] == "ladder":
+        if len(sys.argv) != 7:
+            sys.exit(__doc__)
+        http, rate, trials, rounds = (int(a) for a in sys.argv[2:6])
+        ladder(http, rate, trials, rounds, [int(s) for s in sys.argv[6].split(",")])
+        return
+    if len(sys.argv) not in (5, 6) or sys.argv[1] not in PAIRS:
+        sys.exit(__doc__)
+    pair, http, rate, trials = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    rounds = int(sys.argv[5]) if len(sys.argv) == 6 else 2
+    for trial_no in range(trials):
+        print(json.dumps(trial(pair, http, rate, rounds, trial_no)), flush=True)
 
 
 if __name__ == "__main__":
