@@ -70,7 +70,8 @@ def start(kind, port, tmp):
         cmd = [f"{BIN}/sidecar-injector", "serve", "--listen", f"127.0.0.1:{port}",
                "--admin-listen", f"127.0.0.1:{port + 1}", "--dev-ca-file", ca, "--log-format", "json"] \
             + os.environ.get("WEBHOOK_ARGS", "").split()
-        # Errors only, as make bench runs it.
+        # Errors only. make bench runs the production default (info; it removes RUST_LOG), but an
+        # injected review logs at debug, so neither level writes a line a request.
         env = {**os.environ, "RUST_LOG": ""}
     else:
         cmd = [f"{BIN}/ceiling", "--listen", f"127.0.0.1:{port}", "--dev-ca-file", ca,
