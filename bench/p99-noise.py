@@ -64,7 +64,7 @@ def pinned(part):
     return lambda: os.sched_setaffinity(0, chosen)
 
 
-def start(kind, port, tmp):
+def start(kind, port, tmp, spin_us=None):
     ca = os.path.join(tmp, f"{kind}-{port}-ca.pem")
     if kind == "webhook":
         cmd = [f"{BIN}/sidecar-injector", "serve", "--listen", f"127.0.0.1:{port}",
@@ -77,7 +77,7 @@ def start(kind, port, tmp):
         cmd = [f"{BIN}/ceiling", "--listen", f"127.0.0.1:{port}", "--dev-ca-file", ca,
                "--exit-after", "3600"] \
             + (["--engine", "--engine-runs", os.environ.get("ENGINE_RUNS", "1")] if kind == "engine" else []) \
-            + (["--spin-us", os.environ.get("SPIN_US", "8")] if kind == "spin" else [])
+            + (["--spin-us", str(spin_us if spin_us is not None else os.environ.get("SPIN_US", "8"))] if kind == "spin" else [])
         env = os.environ
     proc = subprocess.Popen(cmd, env=env, stderr=subprocess.DEVNULL, preexec_fn=pinned(0))
     for _ in range(200):
@@ -193,34 +193,32 @@ PAIRS = {"aa": "ceiling", "ab": "webhook", "eb": "engine", "sb": "spin"}
 
 
 def trial(pair, http, rate, rounds, trial_no, spin_us=None):
-    """One trial of `pair` with servers of its own: its JSON line (a dict)."""
-    first = PAIRS[pair]
-    if spin_us is not None:
-        os.environ["SPIN_US"] = str(spin_us)
+    """One trial of `pair` with servers of its own (`spin_us`: the spinning ceiling's spin, else
+    SPIN_US): its JSON line (a dict)."""
+    pooled = [array.array("Q"), array.array("Q")]
+    given_up = [0, 0]
+    cpu, switches, run_p99 = [[], []], [[], []], [[], []]
+
+    def record(side, report, latencies):
+        pooled[side].extend(latencies)
+        given_up[side] += report["unsent"] + report["errors"]
+        cpu[side].append(round(report["server_cpu_us"], 1))
+        switches[side].append(round(report["server_switches"], 2))
+        run_p99[side].append(round(percentiles_ms(latencies, 0.99)[0], 3))
+
     with tempfile.TemporaryDirectory() as tmp:
         servers = []
         try:
-            servers.append(start(first, 19500, tmp))
+            servers.append(start(PAIRS[pair], 19500, tmp, spin_us))
             servers.append(start("ceiling", 19510, tmp))
-            pooled = [array.array("Q"), array.array("Q")]
-            given_up = [0, 0]
-            cpu, switches, run_p99 = [[], []], [[], []], [[], []]
             slice_ms = float(os.environ.get("INTERLEAVE_MS", "0"))
-            for side, (report, latencies) in enumerate(
-                    run_interleaved(servers, http, rate, rounds, tmp, slice_ms) if slice_ms else []):
-                pooled[side].extend(latencies)
-                given_up[side] += report["unsent"] + report["errors"]
-                cpu[side].append(round(report["server_cpu_us"], 1))
-                switches[side].append(round(report["server_switches"], 2))
-                run_p99[side].append(round(percentiles_ms(latencies, 0.99)[0], 3))
+            if slice_ms:
+                for side, (report, latencies) in enumerate(
+                        run_interleaved(servers, http, rate, rounds, tmp, slice_ms)):
+                    record(side, report, latencies)
             for rnd in range(0 if slice_ms else rounds):
                 for side in ([0, 1] if rnd % 2 == 0 else [1, 0]):
-                    report, latencies = run(servers[side], http, rate, os.path.join(tmp, "l.bin"))
-                    pooled[side].extend(latencies)
-                    given_up[side] += report["unsent"] + report["errors"]
-                    cpu[side].append(round(report["server_cpu_us"], 1))
-                    switches[side].append(round(report["server_switches"], 2))
-                    run_p99[side].append(round(percentiles_ms(latencies, 0.99)[0], 3))
+                    record(side, *run(servers[side], http, rate, os.path.join(tmp, "l.bin")))
         finally:
             for proc, _, _ in servers:
                 proc.terminate()
