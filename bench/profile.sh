@@ -29,9 +29,13 @@ per() { echo $(( ($(total "$2") - $(total "$1")) / $3 )); }
 callgrind() { local file=$1; shift; valgrind --tool=callgrind --callgrind-out-file="$file" "$@" 2>>"$out/valgrind.log"; }
 
 # The engine: one review (start-up included) against 1 + ITERATIONS reviews.
-for pod in typical typical-memo typical-distinct typical-namespace 2x2000 env1000 env10000; do
+for pod in typical typical-view typical-step typical-memo typical-distinct typical-namespace 2x2000 env1000 env10000; do
   case $pod in
     typical) args=() ;;
+    # Parts of the typical review: reading its view only, and stepping over its JSON only
+    # (checked, nothing built): the floor of any review read strictly with this reader.
+    typical-view) args=(--stage view) ;;
+    typical-step) args=(--stage step) ;;
     # The server's memory of answers: the same pod with another uid each time (a replica).
     typical-memo) args=(--memo) ;;
     # Every review the first pod of a new ReplicaSet (its pod-template-hash and generateName).
@@ -120,6 +124,8 @@ for kind in webhook webhook-memo ceiling; do
 done
 
 typical=$(per "$out/engine-typical-1.out" "$out/engine-typical-n.out" "$iterations")
+view=$(per "$out/engine-typical-view-1.out" "$out/engine-typical-view-n.out" "$iterations")
+step=$(per "$out/engine-typical-step-1.out" "$out/engine-typical-step-n.out" "$iterations")
 memo=$(per "$out/engine-typical-memo-1.out" "$out/engine-typical-memo-n.out" "$iterations")
 distinct=$(per "$out/engine-typical-distinct-1.out" "$out/engine-typical-distinct-n.out" "$iterations")
 namespace=$(per "$out/engine-typical-namespace-1.out" "$out/engine-typical-namespace-n.out" "$iterations")
@@ -130,7 +136,7 @@ webhook=$(per "$out/webhook-0.out" "$out/webhook-$n.out" "$n")
 webhook_memo=$(per "$out/webhook-memo-0.out" "$out/webhook-memo-$n.out" "$n")
 ceiling=$(per "$out/ceiling-0.out" "$out/ceiling-$n.out" "$n")
 cat > "$out/instructions.json" <<JSON
-{"engine_typical": $typical, "memo_typical": $memo, "engine_typical_distinct": $distinct,
+{"engine_typical": $typical, "engine_typical_view": $view, "engine_typical_step": $step, "memo_typical": $memo, "engine_typical_distinct": $distinct,
  "engine_typical_new_namespace": $namespace, "engine_2x2000": $large,
  "engine_env_1000": $env1000, "engine_env_10000": $env10000,
  "engine_typical_cold_code_lines": $cold_code, "engine_typical_cold_data_lines": $cold_data,
@@ -138,6 +144,7 @@ cat > "$out/instructions.json" <<JSON
 JSON
 echo "instructions per review (valgrind callgrind, Ir)"
 echo "  engine, typical pod:       $typical"
+echo "    its view alone:          $view; its JSON alone, stepped over, checked, nothing built: $step"
 echo "  memory of answers, typical pod again with another uid and token volume name: $memo"
 echo "  engine, typical, new ReplicaSet: $distinct"
 echo "  engine, typical, new namespace:  $namespace  (every template renders)"

@@ -4,12 +4,17 @@
 //! instruction counts that repeat from run to run, unlike times on a shared machine. With
 //! `--memo`, through the server's memory of answers (`memo::Memo`), the reviews taking 256 uids
 //! and token volume names in turn: after the first two, what a replica like one just answered
-//! costs.
+//! costs. With `--stage view` or `--stage step`, only a part of a review: reading its view
+//! (`view::ReviewView::parse`), or the JSON reader stepping over the whole body, checking it
+//! and building nothing (`json::Reader::skip`): the floor of any review that reads its body
+//! strictly with this reader.
 
 use anyhow::{Context as _, ensure};
 use clap::Parser;
 use serde_json::{Value, json};
 use sidecar_injector::config::Injector;
+use sidecar_injector::engine::json::Reader;
+use sidecar_injector::engine::view::ReviewView;
 use sidecar_injector::inject::Entry;
 use sidecar_injector::memo::{Memo, Recall};
 use sidecar_injector::review::{self, Outcome, Webhook};
@@ -41,6 +46,17 @@ struct Args {
     /// the loop); every review after the second must come from memory.
     #[arg(long, conflicts_with = "distinct")]
     memo: bool,
+    /// How much of a review to do: all of it (`answer`), only reading its view (`view`), or
+    /// only stepping over its JSON, checked (`step`).
+    #[arg(long, value_enum, default_value_t = Stage::Answer, conflicts_with = "memo")]
+    stage: Stage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Stage {
+    Answer,
+    View,
+    Step,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -107,6 +123,31 @@ fn main() -> anyhow::Result<()> {
         }
         println!(
             "{} reviews of {} bytes, all but the first two from memory, {bytes} bytes answered",
+            args.iterations,
+            bodies[0].len()
+        );
+        return Ok(());
+    }
+    if args.stage != Stage::Answer {
+        // The body as text, checked once here: the review's own UTF-8 check is the answer's.
+        let texts = bodies
+            .iter()
+            .map(|b| std::str::from_utf8(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        for i in 0..args.iterations as usize {
+            let text = std::hint::black_box(texts[i % texts.len()]);
+            if args.stage == Stage::View {
+                let view = ReviewView::parse(text)?;
+                ensure!(view.request.is_some(), "the view has no request");
+            } else {
+                let mut reader = Reader::new(text);
+                reader.skip()?;
+                reader.end()?;
+            }
+        }
+        println!(
+            "{:?}: {} bodies of {} bytes",
+            args.stage,
             args.iterations,
             bodies[0].len()
         );
