@@ -145,7 +145,12 @@ impl<'a> Reader<'a> {
 
     /// `null`, consumed; false (nothing consumed) for any other value.
     pub fn null(&mut self) -> Result<bool> {
-        self.ws();
+        // The byte first: compact JSON has no whitespace before a value.
+        match self.bytes.get(self.pos) {
+            Some(b'n') => {}
+            Some(b' ' | b'\n' | b'\r' | b'\t') => self.ws(),
+            _ => return Ok(false),
+        }
         if self.bytes.get(self.pos) == Some(&b'n') {
             self.literal(b"null")?;
             return Ok(true);
@@ -302,9 +307,9 @@ impl<'a> Reader<'a> {
     /// (this loop is most of a review's reading), and goes back to `self` on the way out.
     #[inline(always)]
     pub fn skip(&mut self) -> Result<()> {
-        self.ws();
         // A string without escapes, most of what is stepped over, without the container
-        // machinery; any other value (or string) goes the whole way.
+        // machinery; any other value (or string) goes the whole way (whitespace before a value
+        // too: compact JSON, what the API server sends, has none).
         if self.bytes.get(self.pos) == Some(&b'"') {
             let end = plain_run(self.bytes, self.pos + 1);
             if self.bytes.get(end) == Some(&b'"') {
@@ -328,6 +333,9 @@ impl<'a> Reader<'a> {
         // Bit i: the container open at relative level i is an object.
         let mut objects: u128 = 0;
         let mut level: u32 = 0;
+        // Nesting is counted in `level` alone: the reader's depth is `self.depth + level` here,
+        // and `self.depth` again once the value is over.
+        let room = DEPTH - self.depth;
         let mut object = false;
         macro_rules! fail {
             ($what:expr) => {{
@@ -365,29 +373,28 @@ impl<'a> Reader<'a> {
         }
         macro_rules! key_colon {
             () => {{
-                if next!() != Some(&b'"') {
+                if bytes.get(p) != Some(&b'"') && next!() != Some(&b'"') {
                     fail!("expected a key");
                 }
                 string!();
-                if next!() != Some(&b':') {
+                if bytes.get(p) != Some(&b':') && next!() != Some(&b':') {
                     fail!("expected `:`");
                 }
                 p += 1;
             }};
         }
         'value: loop {
-            match next!() {
+            match bytes.get(p) {
                 Some(&open @ (b'{' | b'[')) => {
                     p += 1;
-                    self.depth += 1;
-                    if self.depth > DEPTH {
+                    if level == room {
                         fail!("nested too deep");
                     }
                     object = open == b'{';
                     objects = (objects << 1) | u128::from(object);
                     level += 1;
                     let close = if object { b'}' } else { b']' };
-                    if next!() != Some(&close) {
+                    if bytes.get(p) != Some(&close) && next!() != Some(&close) {
                         if object {
                             key_colon!();
                         }
@@ -406,6 +413,10 @@ impl<'a> Reader<'a> {
                 Some(b't') if bytes[p..].starts_with(b"true") => p += 4,
                 Some(b'f') if bytes[p..].starts_with(b"false") => p += 5,
                 Some(b'n') if bytes[p..].starts_with(b"null") => p += 4,
+                Some(b' ' | b'\n' | b'\r' | b'\t') => {
+                    p = ws_end(bytes, p);
+                    continue 'value;
+                }
                 Some(_) => fail!("expected a value"),
                 None => fail!("unexpected end"),
             }
@@ -416,7 +427,7 @@ impl<'a> Reader<'a> {
                     self.pos = p;
                     return Ok(());
                 }
-                match next!() {
+                match bytes.get(p) {
                     Some(b',') => {
                         p += 1;
                         if object {
@@ -426,12 +437,15 @@ impl<'a> Reader<'a> {
                     }
                     Some(b'}') if object => {}
                     Some(b']') if !object => {}
+                    Some(b' ' | b'\n' | b'\r' | b'\t') => {
+                        p = ws_end(bytes, p);
+                        continue;
+                    }
                     Some(_) => fail!("expected `,` or the end of a container"),
                     None => fail!("unexpected end"),
                 }
                 p += 1;
                 level -= 1;
-                self.depth -= 1;
                 objects >>= 1;
                 object = objects & 1 != 0;
             }
