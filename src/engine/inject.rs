@@ -21,7 +21,7 @@ use crate::engine::config::{Injector, NAMESPACE_ENABLED};
 use crate::engine::json;
 use crate::engine::overrides::BadValue;
 use crate::engine::template::{
-    Fragment, Keys, Owner, Piece, PodContext, Quoted, Reads, TemplateError,
+    Fragment, Keys, Owner, Piece, PodContext, Quoted, Reads, SpecField, TemplateError,
 };
 use crate::engine::view::{ContainerView, PodView, Raw, SpecView, Str, StrMap, VolumeView};
 
@@ -233,18 +233,6 @@ pub struct PodFacts<'a> {
     pub workload: Option<Owner>,
 }
 
-/// Whether a template that reads `keys` of an object (and everything when `all`) reads `key`.
-/// Out of line: the context key asks it of some fifteen fields, and a copy of the set's search
-/// for each was code a cold review fetched.
-#[inline(never)]
-fn wants(keys: &Keys, key: &str, all: bool) -> bool {
-    match keys {
-        Keys::All => true,
-        Keys::Some(set) => set.contains(key),
-        Keys::None => all,
-    }
-}
-
 /// Appends tagged, length-prefixed fields: two keys are equal only if they hold the same
 /// fields with the same bytes.
 struct Key(Vec<u8>);
@@ -429,7 +417,7 @@ impl<'a> PodFacts<'a> {
         start: Vec<u8>,
     ) -> Vec<u8> {
         let all = reads.all;
-        let wants = |keys: &Keys, key: &str| wants(keys, key, all);
+        let wants = |field: SpecField| reads.spec_field(field);
         let mut key = Key(start);
         key.0.push(b'V');
         if all || reads.name {
@@ -451,13 +439,12 @@ impl<'a> PodFacts<'a> {
             key.field(9, owner.kind.as_bytes());
             key.field(10, owner.name.as_bytes());
         }
-        let spec_keys = &reads.spec;
         let lists = [
-            (11, "containers", &shown.containers),
-            (12, "initContainers", &shown.init_containers),
+            (11, SpecField::Containers, &shown.containers),
+            (12, SpecField::InitContainers, &shown.init_containers),
         ];
         for (tag, field, list) in lists {
-            if !wants(spec_keys, field) {
+            if !wants(field) {
                 continue;
             }
             key.field(tag, b"");
@@ -470,7 +457,7 @@ impl<'a> PodFacts<'a> {
                 key.raw(17, c.ports);
             }
         }
-        if wants(spec_keys, "volumes") {
+        if wants(SpecField::Volumes) {
             for v in &shown.volumes {
                 key.field(18, b"");
                 for (name, raw) in &v.members {
@@ -480,7 +467,7 @@ impl<'a> PodFacts<'a> {
             }
         }
         if let Some(spec) = &self.pod.spec {
-            if wants(spec_keys, "nodeSelector") {
+            if wants(SpecField::NodeSelector) {
                 for (k, v) in spec.node_selector.iter().flatten() {
                     key.field(19, k.as_bytes());
                     key.field(20, v.as_bytes());
@@ -489,30 +476,30 @@ impl<'a> PodFacts<'a> {
                     key.field(21, b"");
                 }
             }
-            if wants(spec_keys, "securityContext") {
+            if wants(SpecField::SecurityContext) {
                 key.raw(22, spec.security_context);
             }
-            if wants(spec_keys, "hostNetwork")
+            if wants(SpecField::HostNetwork)
                 && let Some(host) = spec.host_network
             {
                 key.field(23, &[u8::from(host)]);
             }
-            if wants(spec_keys, "os") {
+            if wants(SpecField::Os) {
                 key.raw(24, spec.os);
             }
             let texts = [
-                (25, "priorityClassName", &spec.priority_class_name),
-                (26, "runtimeClassName", &spec.runtime_class_name),
-                (27, "restartPolicy", &spec.restart_policy),
-                (29, "hostname", &spec.hostname),
-                (30, "subdomain", &spec.subdomain),
+                (25, SpecField::PriorityClassName, &spec.priority_class_name),
+                (26, SpecField::RuntimeClassName, &spec.runtime_class_name),
+                (27, SpecField::RestartPolicy, &spec.restart_policy),
+                (29, SpecField::Hostname, &spec.hostname),
+                (30, SpecField::Subdomain, &spec.subdomain),
             ];
             for (tag, field, value) in texts {
-                if wants(spec_keys, field) {
+                if wants(field) {
                     key.text(tag, value.as_ref());
                 }
             }
-            if wants(spec_keys, "shareProcessNamespace")
+            if wants(SpecField::ShareProcessNamespace)
                 && let Some(share) = spec.share_process_namespace
             {
                 key.field(28, &[u8::from(share)]);

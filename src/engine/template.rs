@@ -204,6 +204,85 @@ pub struct Reads {
     pub annotations: Keys,
     /// Fields of `pod.spec`.
     pub spec: Keys,
+    /// Bit `f as u16`: whether the template reads field `f` of `pod.spec` (see
+    /// [`Reads::spec_field`]), told once from `spec` and `all`, not from the set each review.
+    spec_fields: u16,
+}
+
+/// The fields of `pod.spec` a rendering's cache key takes one by one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecField {
+    Containers,
+    InitContainers,
+    Volumes,
+    NodeSelector,
+    SecurityContext,
+    HostNetwork,
+    Os,
+    PriorityClassName,
+    RuntimeClassName,
+    RestartPolicy,
+    Hostname,
+    Subdomain,
+    ShareProcessNamespace,
+}
+
+impl SpecField {
+    const ALL: [Self; 13] = [
+        Self::Containers,
+        Self::InitContainers,
+        Self::Volumes,
+        Self::NodeSelector,
+        Self::SecurityContext,
+        Self::HostNetwork,
+        Self::Os,
+        Self::PriorityClassName,
+        Self::RuntimeClassName,
+        Self::RestartPolicy,
+        Self::Hostname,
+        Self::Subdomain,
+        Self::ShareProcessNamespace,
+    ];
+
+    /// Its name in the pod's JSON (and in a template: `pod.spec.<name>`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Containers => "containers",
+            Self::InitContainers => "initContainers",
+            Self::Volumes => "volumes",
+            Self::NodeSelector => "nodeSelector",
+            Self::SecurityContext => "securityContext",
+            Self::HostNetwork => "hostNetwork",
+            Self::Os => "os",
+            Self::PriorityClassName => "priorityClassName",
+            Self::RuntimeClassName => "runtimeClassName",
+            Self::RestartPolicy => "restartPolicy",
+            Self::Hostname => "hostname",
+            Self::Subdomain => "subdomain",
+            Self::ShareProcessNamespace => "shareProcessNamespace",
+        }
+    }
+}
+
+impl Reads {
+    /// Whether the template reads `field` of `pod.spec`: a field it names, every field when it
+    /// reads all of `pod.spec`, and every field when it names none but reads the whole context.
+    pub fn spec_field(&self, field: SpecField) -> bool {
+        self.spec_fields & (1 << field as u16) != 0
+    }
+
+    /// [`Self::spec_field`]'s answers, told from `spec` and `all`.
+    fn with_spec_fields(mut self) -> Self {
+        self.spec_fields = SpecField::ALL
+            .iter()
+            .filter(|f| match &self.spec {
+                Keys::All => true,
+                Keys::Some(set) => set.contains(f.name()),
+                Keys::None => self.all,
+            })
+            .fold(0, |bits, &f| bits | 1 << f as u16);
+        self
+    }
 }
 
 /// Which entries of a map a template reads.
@@ -284,7 +363,7 @@ fn reads_of(template: &minijinja::Template<'_, '_>, source: &str) -> Reads {
             _ => reads.all = true,
         }
     }
-    reads
+    reads.with_spec_fields()
 }
 
 /// A template that failed to compile, render or parse.
@@ -665,6 +744,7 @@ impl TemplateSet {
             labels: Keys::None,
             annotations: Keys::None,
             spec: Keys::None,
+            spec_fields: u16::MAX,
         };
         self.reads.get(name).unwrap_or(&ALL)
     }
@@ -1011,6 +1091,19 @@ mod tests {
         );
         assert_eq!(r.spec, Keys::Some(["containers".to_owned()].into()));
         assert_eq!(r.labels, Keys::All);
+        // The fields of `pod.spec` the cache key takes, told once: the one it names.
+        let spec = |r: &Reads| SpecField::ALL.map(|f| r.spec_field(f));
+        let mut containers = [false; 13];
+        containers[SpecField::Containers as usize] = true;
+        assert_eq!(spec(&r), containers);
+        assert_eq!(
+            spec(&reads("containers: []\n# {{ pod.spec | tojson }}\n")),
+            [true; 13]
+        );
+        assert_eq!(
+            spec(&reads("containers: []\n# {{ pod.namespace }}\n")),
+            [false; 13]
+        );
         for everything in [
             "containers: []\n# {{ pod | tojson }}\n",
             "containers: []\n# {% set p = pod %}{{ p.name }}\n",
@@ -1020,6 +1113,7 @@ mod tests {
             "containers: []\n{%- include 'other.yaml.j2' ignore missing %}\n",
         ] {
             assert!(reads(everything).all, "{everything}");
+            assert_eq!(spec(&reads(everything)), [true; 13], "{everything}");
         }
         assert!(uses_other_templates("a {%- include 'x' %}"));
         assert!(uses_other_templates("{% from 'x' import m %}"));

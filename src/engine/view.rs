@@ -81,6 +81,15 @@ impl<'a> StrMap<'a> {
     }
 
     pub fn get(&self, key: &str) -> Option<&Str<'a>> {
+        // A pod's handful of labels or annotations: tested for equality one by one, which
+        // compares lengths first, instead of ordered by their bytes as a search must.
+        if self.0.len() <= 8 {
+            return self
+                .0
+                .iter()
+                .find(|(k, _)| k.as_str() == key)
+                .map(|(_, v)| v);
+        }
         self.0
             .binary_search_by(|(k, _)| k.as_str().cmp(key))
             .ok()
