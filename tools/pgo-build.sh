@@ -82,10 +82,12 @@ if [[ ! -s $profile ]]; then
   trap cleanup EXIT
   # Below the kernel's ephemeral ports (32768 on): an outgoing connection cannot hold it.
   port=$((20000 + RANDOM % 12000))
-  # The load generator's own profile is not wanted: it goes to the scratch directory.
+  # The load generator's own profile is not wanted: it goes to the scratch directory. Every
+  # review goes out compact, as an API server writes it (the files are indented for people):
+  # trained on indented text, the build took the reader's whitespace paths for the hot ones.
   load() {
     LLVM_PROFILE_FILE="$tmp/loadgen-%p.profraw" "$bin/loadgen" --addr "127.0.0.1:$port" \
-      --ca "$tmp/ca.pem" --warmup 0 "$@" >"$tmp/load.log" 2>&1
+      --ca "$tmp/ca.pem" --warmup 0 --compact "$@" >"$tmp/load.log" 2>&1
   }
   train() {
     load "$@" || { cat "$tmp/load.log" >&2; echo "tools/pgo-build.sh: training failed: loadgen $*" >&2; exit 1; }

@@ -67,6 +67,10 @@ struct Args {
     /// The AdmissionReview to send (JSON, sent as is). Default: bench/review.json, compact.
     #[arg(long)]
     body: Option<PathBuf>,
+    /// Send `--body` compact, as an API server writes a review: no whitespace between tokens,
+    /// members in their order.
+    #[arg(long)]
+    compact: bool,
     /// Append this many env vars to every container of the body (every seventh from a
     /// ConfigMap): large pods for training the profile-guided build (tools/pgo-build.sh).
     #[arg(long, default_value_t = 0)]
@@ -259,6 +263,10 @@ impl Target {
         };
         let body = if args.pad_env > 0 {
             pad_env(&body, args.pad_env)?
+        } else if args.compact {
+            let review: serde_json::Value =
+                serde_json::from_slice(&body).context("--body is not JSON")?;
+            serde_json::to_vec(&review)?
         } else {
             body
         };
