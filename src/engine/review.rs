@@ -611,7 +611,8 @@ fn mutate(inj: &Injector, entry: Entry, r: &Req<'_>) -> Result<Mutated, serde_js
                 return Ok((finish(response, None), Outcome::Allowed, Vec::new()));
             }
             let patch = to_patch(pod, &edits);
-            let mut names = String::new();
+            let mut names =
+                String::with_capacity(plan.templates.iter().map(|t| t.name.len() + 1).sum());
             let mut injected = Vec::with_capacity(plan.templates.len());
             for t in &plan.templates {
                 if !names.is_empty() {
