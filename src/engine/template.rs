@@ -245,7 +245,7 @@ impl SpecField {
     ];
 
     /// Its name in the pod's JSON (and in a template: `pod.spec.<name>`).
-    pub const fn name(self) -> &'static str {
+    const fn name(self) -> &'static str {
         match self {
             Self::Containers => "containers",
             Self::InitContainers => "initContainers",
