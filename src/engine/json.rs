@@ -488,50 +488,24 @@ impl<'a> Reader<'a> {
     #[inline]
     pub fn object(
         &mut self,
-        mut member: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
+        member: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
     ) -> Result<()> {
-        self.items(true, &mut member)
+        self.items(true, member)
     }
 
     /// An array: `element` is called for each element, and must read or skip it.
     #[inline]
     pub fn array(&mut self, mut element: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
-        self.items(false, &mut |r, _| element(r))
-    }
-
-    /// [`Self::object`] with the loop compiled into the caller: for the small objects that
-    /// come by the thousand (a large pod's env vars), where a call through a pointer for each
-    /// member costs more than the loop's code.
-    #[inline]
-    pub fn object_inline(
-        &mut self,
-        member: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
-    ) -> Result<()> {
-        self.items_in(true, member)
-    }
-
-    /// [`Self::array`] with the loop compiled into the caller (see [`Self::object_inline`]).
-    #[inline]
-    pub fn array_inline(&mut self, mut element: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
-        self.items_in(false, |r, _| element(r))
+        self.items(false, |r, _| element(r))
     }
 
     /// The items of an object (each called with its key) or an array (with an empty key),
-    /// separated by commas. One loop for every container the view reads but those read by
-    /// the `_inline` readers, the item called through a pointer: a copy of it for each reader
-    /// was code that a cold review fetched from memory again and again.
-    #[inline(never)]
-    fn items(
-        &mut self,
-        object: bool,
-        item: &mut dyn FnMut(&mut Self, Cow<'a, str>) -> Result<()>,
-    ) -> Result<()> {
-        self.items_in(object, item)
-    }
-
-    /// [`Self::items`]' loop, for it and for the `_inline` readers.
+    /// separated by commas. The loop is compiled into each reader, with the reader's items
+    /// inlined in it: called through a pointer (one loop for all readers, as until 26
+    /// November), each member of a review cost about 20 instructions more, about 4,600 a
+    /// typical review (BENCHMARKS.md, "What the goals need").
     #[inline(always)]
-    fn items_in(
+    fn items(
         &mut self,
         object: bool,
         mut item: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>,

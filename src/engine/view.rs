@@ -519,24 +519,14 @@ fn opt_raw<'a>(r: &mut Reader<'a>) -> R<Option<Raw<'a>>> {
 }
 
 /// Lists start with room for a pod's usual few: growing a list from empty was a reallocation
-/// (and the growing code) several times a review.
-fn list<'a, T>(r: &mut Reader<'a>, mut read: impl FnMut(&mut Reader<'a>) -> R<T>) -> R<Vec<T>> {
-    let mut out = Vec::with_capacity(4);
-    r.array(|r| {
-        out.push(read(r)?);
-        Ok(())
-    })?;
-    Ok(out)
-}
-
-/// [`list`] for the lists that come by the thousand (a container's env vars and mounts): the
-/// loop compiled in, as their elements' readers are.
-fn list_inline<'a, T>(
+/// (and the growing code) several times a review. A container's env vars and mounts (`ROOM`
+/// 8) come more often by the dozen than the others (4).
+fn list<'a, T, const ROOM: usize>(
     r: &mut Reader<'a>,
     mut read: impl FnMut(&mut Reader<'a>) -> R<T>,
 ) -> R<Vec<T>> {
-    let mut out = Vec::with_capacity(8);
-    r.array_inline(|r| {
+    let mut out = Vec::with_capacity(ROOM);
+    r.array(|r| {
         out.push(read(r)?);
         Ok(())
     })?;
@@ -563,16 +553,9 @@ fn required<T>(r: &Reader<'_>, value: Option<T>) -> R<T> {
 /// with `reader` into `place` (`_` checks it and keeps nothing). Each key may come once; any
 /// other member is stepped over.
 macro_rules! members {
-    ($r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {
-        members!(object, $r, { $($key => $read => $place),* })
-    };
-    // For the small objects that come by the thousand: the object's loop compiled in.
-    (inline $r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {
-        members!(object_inline, $r, { $($key => $read => $place),* })
-    };
-    ($object:ident, $r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {{
+    ($r:expr, { $($key:literal => $read:expr => $place:expr),* $(,)? }) => {{
         let mut read = 0u32;
-        $r.$object(|r, key| {
+        $r.object(|r, key| {
             let mut bit = 1u32;
             $(
                 if &*key == $key {
@@ -652,7 +635,7 @@ fn request_view<'a>(r: &mut Reader<'a>) -> R<RequestView<'a>> {
 }
 
 fn gvk<'a>(r: &mut Reader<'a>) -> R<Gvk<'a>> {
-    let [group, version, kind, _] = string_members(r, &["group", "version", "kind"])?;
+    let [group, version, kind] = string_members(r, &["group", "version", "kind"])?;
     Ok(Gvk {
         group: required(r, group)?,
         version: required(r, version)?,
@@ -667,14 +650,17 @@ fn gvr(r: &mut Reader<'_>) -> R<()> {
     required(r, group.and(version).and(resource)).map(drop)
 }
 
-/// An object whose members named in `keys` (four at most) are strings, each given once; any
-/// other member is stepped over. One loop for the four group/version/kind-or-resource objects
-/// of a review, not inlined: a reader generated for each by [`members!`] was 87 lines of code
-/// that a cold review fetched from memory (BENCHMARKS.md, "What the goals need").
+/// An object whose members named in `keys` are strings, each given once; any other member is
+/// stepped over. One reader for the two group/version/kind objects of a review and one for the
+/// two group/version/resource objects, not inlined: a reader generated for each by
+/// [`members!`] was 87 lines of code that a cold review fetched from memory (BENCHMARKS.md,
+/// "What the goals need").
 #[inline(never)]
-fn string_members<'a>(r: &mut Reader<'a>, keys: &[&str]) -> R<[Option<Str<'a>>; 4]> {
-    debug_assert!(keys.len() <= 4);
-    let mut found = [None, None, None, None];
+fn string_members<'a, const N: usize>(
+    r: &mut Reader<'a>,
+    keys: &'static [&'static str; N],
+) -> R<[Option<Str<'a>>; N]> {
+    let mut found = [const { None }; N];
     let mut read = 0u32;
     r.object(|r, key| {
         for (i, want) in keys.iter().enumerate() {
@@ -735,7 +721,7 @@ fn meta<'a>(r: &mut Reader<'a>) -> R<MetaView<'a>> {
         "namespace" => opt_string => m.namespace,
         "labels" => |r: &mut Reader<'a>| optional(r, str_map) => m.labels,
         "annotations" => |r: &mut Reader<'a>| optional(r, str_map) => m.annotations,
-        "ownerReferences" => |r: &mut Reader<'a>| optional(r, |r| list(r, owner)) => m.owner_references,
+        "ownerReferences" => |r: &mut Reader<'a>| optional(r, |r| list::<_, 4>(r, owner)) => m.owner_references,
         "deletionTimestamp" => opt_raw => m.deletion_timestamp,
     })?;
     Ok(m)
@@ -755,10 +741,10 @@ fn owner<'a>(r: &mut Reader<'a>) -> R<OwnerView<'a>> {
 fn spec<'a>(r: &mut Reader<'a>) -> R<SpecView<'a>> {
     let mut s = SpecView::default();
     members!(r, {
-        "containers" => |r: &mut Reader<'a>| optional(r, |r| list(r, container)) => s.containers,
-        "initContainers" => |r: &mut Reader<'a>| optional(r, |r| list(r, container)) => s.init_containers,
-        "volumes" => |r: &mut Reader<'a>| optional(r, |r| list(r, volume)) => s.volumes,
-        "imagePullSecrets" => |r: &mut Reader<'a>| optional(r, |r| list(r, name_view)) => s.image_pull_secrets,
+        "containers" => |r: &mut Reader<'a>| optional(r, |r| list::<_, 4>(r, container)) => s.containers,
+        "initContainers" => |r: &mut Reader<'a>| optional(r, |r| list::<_, 4>(r, container)) => s.init_containers,
+        "volumes" => |r: &mut Reader<'a>| optional(r, |r| list::<_, 4>(r, volume)) => s.volumes,
+        "imagePullSecrets" => |r: &mut Reader<'a>| optional(r, |r| list::<_, 4>(r, name_view)) => s.image_pull_secrets,
         "hostNetwork" => opt_bool => s.host_network,
         "nodeSelector" => |r: &mut Reader<'a>| optional(r, str_map) => s.node_selector,
         "os" => opt_raw => s.os,
@@ -776,13 +762,13 @@ fn spec<'a>(r: &mut Reader<'a>) -> R<SpecView<'a>> {
 
 fn name_view<'a>(r: &mut Reader<'a>) -> R<NameView<'a>> {
     let mut n = NameView::default();
-    members!(inline r, { "name" => opt_string => n.name })?;
+    members!(r, { "name" => opt_string => n.name })?;
     Ok(n)
 }
 
 fn mount<'a>(r: &mut Reader<'a>) -> R<MountView<'a>> {
     let mut m = MountView::default();
-    members!(inline r, {
+    members!(r, {
         "name" => opt_string => m.name,
         "mountPath" => opt_string => m.mount_path,
     })?;
@@ -818,11 +804,11 @@ fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
                 }
                 "env" => {
                     once(r, &mut read, 2)?;
-                    c.env = optional(r, |r| list_inline(r, name_view))?;
+                    c.env = optional(r, |r| list::<_, 8>(r, name_view))?;
                 }
                 "volumeMounts" => {
                     once(r, &mut read, 4)?;
-                    c.volume_mounts = optional(r, |r| list_inline(r, mount))?;
+                    c.volume_mounts = optional(r, |r| list::<_, 8>(r, mount))?;
                 }
                 field => {
                     let slot = match field {
