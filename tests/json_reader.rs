@@ -6,7 +6,7 @@
 use proptest::prelude::*;
 use serde::de::IgnoredAny;
 use serde_json::Value;
-use sidecar_injector::engine::json::Reader;
+use sidecar_injector::engine::json::{JsonError, Reader};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -18,6 +18,34 @@ fn config() -> ProptestConfig {
 fn reads(text: &str) -> bool {
     let mut r = Reader::new(text);
     r.skip().and_then(|()| r.end()).is_ok()
+}
+
+/// The value of `text` read the way the view reads: every object and array through the
+/// reader's `object` and `array` (their loops, not `skip`), each member's value from its JSON.
+fn read_through(text: &str) -> Result<Value, JsonError> {
+    let mut r = Reader::new(text);
+    let value = match text.trim_start().as_bytes().first() {
+        Some(b'{') => {
+            let mut members = serde_json::Map::new();
+            r.object(|r, key| {
+                let value = read_through(r.raw()?.get())?;
+                members.insert(key.into_owned(), value);
+                Ok(())
+            })?;
+            Value::Object(members)
+        }
+        Some(b'[') => {
+            let mut elements = Vec::new();
+            r.array(|r| {
+                elements.push(read_through(r.raw()?.get())?);
+                Ok(())
+            })?;
+            Value::Array(elements)
+        }
+        _ => serde_json::from_str(r.raw()?.get()).expect("a checked scalar reads"),
+    };
+    r.end()?;
+    Ok(value)
 }
 
 fn serde_reads(text: &str) -> bool {
@@ -156,6 +184,9 @@ proptest! {
         }
         prop_assert!(serde_reads(&spaced));
         prop_assert!(reads(&spaced), "refused a valid text: {spaced:?}");
+        // And read container by container, as the view reads, to the same value.
+        let expected: Value = serde_json::from_str(&spaced).expect("reads");
+        prop_assert_eq!(read_through(&spaced), Ok(expected), "{:?}", spaced);
     }
 
     /// Strings, escaped as serde_json escapes them and as hostile writers do: the reader reads
