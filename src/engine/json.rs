@@ -519,56 +519,27 @@ impl<'a> Reader<'a> {
             return self.error(expected);
         }
         self.enter()?;
-        // Each step tests the bytes it may find in one match, whitespace last: compact JSON
-        // (what the API server sends) has none.
-        match self.bytes.get(self.pos) {
-            Some(&b) if b == close => {
-                self.pos += 1;
-                self.depth -= 1;
-                return Ok(());
-            }
-            Some(b' ' | b'\n' | b'\r' | b'\t') => {
-                self.ws();
-                if self.eat(close) {
-                    self.depth -= 1;
-                    return Ok(());
-                }
-            }
-            _ => {}
-        }
-        loop {
-            let key = if object {
-                let key = self.string()?;
-                self.expect(b':', "expected `:`")?;
-                key
-            } else {
-                Cow::Borrowed("")
-            };
-            item(self, key)?;
-            match self.bytes.get(self.pos) {
-                Some(b',') => {
-                    self.pos += 1;
+        if !self.eat_ws(close) {
+            loop {
+                let key = if object {
+                    let key = self.string()?;
+                    self.expect(b':', "expected `:`")?;
+                    key
+                } else {
+                    Cow::Borrowed("")
+                };
+                item(self, key)?;
+                if self.eat_ws(b',') {
                     continue;
                 }
-                Some(&b) if b == close => {
-                    self.pos += 1;
-                    self.depth -= 1;
-                    return Ok(());
+                if self.eat(close) {
+                    break;
                 }
-                Some(b' ' | b'\n' | b'\r' | b'\t') => {
-                    self.ws();
-                    if self.eat(b',') {
-                        continue;
-                    }
-                    if self.eat(close) {
-                        self.depth -= 1;
-                        return Ok(());
-                    }
-                }
-                _ => {}
+                return self.error("expected `,` or the end of a container");
             }
-            return self.error("expected `,` or the end of a container");
         }
+        self.depth -= 1;
+        Ok(())
     }
 
     /// A required-type failure at the current value.
