@@ -501,9 +501,9 @@ impl<'a> Reader<'a> {
 
     /// The items of an object (each called with its key) or an array (with an empty key),
     /// separated by commas. The loop is compiled into each reader, with the reader's items
-    /// inlined in it: called through a pointer (one loop for all readers, as until 26
-    /// November), each member of a review cost about 20 instructions more, about 4,600 a
-    /// typical review (BENCHMARKS.md, "What the goals need").
+    /// inlined in it: one loop for all readers, calling each item through a pointer (as until
+    /// 26 November), cost a typical review's view about 4,600 instructions more (BENCHMARKS.md,
+    /// "What the goals need").
     #[inline(always)]
     fn items(
         &mut self,
