@@ -1806,6 +1806,33 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// Any bytes, given in stretches of any lengths (a group's bytes split across
+        /// stretches, stretches short and long), encode as one standard encoding of them all.
+        #[test]
+        fn base64_writer_encodes_any_stretches(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+            cuts in proptest::collection::vec(0usize..400, 0..8),
+        ) {
+            use base64::Engine as _;
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.push(bytes.len());
+            cuts.sort_unstable();
+            let mut out = Vec::new();
+            let mut w = Base64Writer { out: &mut out, carry: [0; 3], carried: 0 };
+            let mut done = 0;
+            for cut in cuts {
+                w.plain(&bytes[done..cut]);
+                done = cut;
+            }
+            w.finish();
+            proptest::prop_assert_eq!(
+                String::from_utf8_lossy(&out),
+                base64::engine::general_purpose::STANDARD.encode(&bytes)
+            );
+        }
+    }
+
     #[test]
     fn index_tokens_are_decimal() {
         for i in (0..=1000).chain([usize::MAX]) {

@@ -12,6 +12,15 @@
 //! - `branchesN`: N branches taken or not at random (a xorshift's bits) from 64 places in the
 //!   code: the branch predictor's history and tables filled with other branches, as the
 //!   transport's code fills them between two reviews in the server, for few cache lines.
+//! - `yieldN`: N `sched_yield` calls: into the kernel and back, the CPU never idle;
+//! - `sleepN+spinM`: a sleep of N µs, then M µs busy: whether what a sleep loses comes back
+//!   by itself with time;
+//! - `sleepN+review`: a sleep of N µs, then one review untimed: whether the review brings back
+//!   what the sleep lost;
+//! - `pingpong`: two threads review in turns on one injector, each spinning while the other
+//!   reviews (no core sleeps), so every review follows one on the other core: what the cache
+//!   lines both threads write cost as they move between cores; `pingpong-own`: the same with
+//!   an injector each.
 //!
 //! `cold-probe [--modes hot,sleep50,spin50,thrash32] [--reviews 2000]` prints the mean and the
 //! median of each. Times on a shared machine move; compare modes within one run.
@@ -44,6 +53,17 @@ enum Gap {
     Stride(usize, usize),
     /// How many random branches.
     Branches(usize),
+    /// Two threads review in turns (each spins while the other reviews), on one injector
+    /// (`pingpong`) or each on its own (`pingpong-own`).
+    PingPong {
+        own: bool,
+    },
+    /// How many `sched_yield` calls.
+    Yield(usize),
+    /// A sleep, then a spin.
+    SleepSpin(Duration, Duration),
+    /// A sleep, then one review untimed.
+    SleepReview(Duration),
 }
 
 fn gap(mode: &str) -> anyhow::Result<Gap> {
@@ -54,13 +74,36 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
     };
     Ok(match mode {
         "hot" => Gap::Hot,
+        m if m.starts_with("sleep") && m.ends_with("+review") => {
+            let n = &m["sleep".len()..m.len() - "+review".len()];
+            Gap::SleepReview(Duration::from_micros(n.parse().with_context(|| {
+                format!("mode {mode:?}: sleepN+review takes a number of µs")
+            })?))
+        }
+        m if m.starts_with("sleep") && m.contains("+spin") => {
+            let (sleep, spin) = m["sleep".len()..]
+                .split_once("+spin")
+                .context("sleepN+spinM")?;
+            let micros = |n: &str| -> anyhow::Result<Duration> {
+                Ok(Duration::from_micros(n.parse().with_context(|| {
+                    format!("mode {mode:?}: sleepN+spinM takes two numbers of µs")
+                })?))
+            };
+            Gap::SleepSpin(micros(sleep)?, micros(spin)?)
+        }
         m if m.starts_with("sleep") => Gap::Sleep(Duration::from_micros(number("sleep")?)),
+        m if m.starts_with("yield") => Gap::Yield(usize::try_from(number("yield")?)?),
         m if m.starts_with("spin") => Gap::Spin(Duration::from_micros(number("spin")?)),
         m if m.starts_with("thrash") => Gap::Stride(64, usize::try_from(number("thrash")?)? << 14),
         m if m.starts_with("pages") => Gap::Stride(4096, usize::try_from(number("pages")?)?),
         m if m.starts_with("lines") => Gap::Stride(64, usize::try_from(number("lines")?)?),
+        "pingpong" => Gap::PingPong { own: false },
+        "pingpong-own" => Gap::PingPong { own: true },
         m if m.starts_with("branches") => Gap::Branches(usize::try_from(number("branches")?)?),
-        m => bail!("unknown mode {m:?} (hot, sleepN, spinN, thrashN, pagesN, linesN, branchesN)"),
+        m => bail!(
+            "unknown mode {m:?} (hot, sleepN, spinN, thrashN, pagesN, linesN, branchesN, \
+             yieldN, sleepN+spinM, sleepN+review, pingpong, pingpong-own)"
+        ),
     })
 }
 
@@ -83,17 +126,19 @@ fn main() -> anyhow::Result<()> {
         .unwrap_or(0);
     let mut other = vec![0u8; largest];
     for (mode, gap) in &gaps {
+        if let Gap::PingPong { own } = gap {
+            let second = Injector::embedded(None)?;
+            let injectors = [&injector, if *own { &second } else { &injector }];
+            let times = ping_pong(injectors, &body, args.reviews)?;
+            report(mode, times)?;
+            continue;
+        }
         let mut times = Vec::with_capacity(args.reviews);
         for i in 0..args.reviews {
             match gap {
                 Gap::Hot => {}
                 Gap::Sleep(d) => std::thread::sleep(*d),
-                Gap::Spin(d) => {
-                    let start = Instant::now();
-                    while start.elapsed() < *d {
-                        std::hint::spin_loop();
-                    }
-                }
+                Gap::Spin(d) => spin_for(*d),
                 Gap::Stride(stride, n) => {
                     for byte in other[..stride * n].iter_mut().step_by(*stride) {
                         *byte = byte.wrapping_add(i as u8);
@@ -103,22 +148,91 @@ fn main() -> anyhow::Result<()> {
                 Gap::Branches(n) => {
                     std::hint::black_box(random_branches(*n, i as u64));
                 }
+                Gap::PingPong { .. } => {}
+                Gap::Yield(n) => {
+                    for _ in 0..*n {
+                        std::thread::yield_now();
+                    }
+                }
+                Gap::SleepSpin(sleep, spin) => {
+                    std::thread::sleep(*sleep);
+                    spin_for(*spin);
+                }
+                Gap::SleepReview(sleep) => {
+                    std::thread::sleep(*sleep);
+                    std::hint::black_box(one_review(&injector, std::hint::black_box(&body))?);
+                }
             }
             let start = Instant::now();
             let answer = one_review(&injector, std::hint::black_box(&body))?;
             times.push(start.elapsed());
             std::hint::black_box(answer);
         }
-        times.sort_unstable();
-        let mean = times.iter().sum::<Duration>() / u32::try_from(times.len())?;
-        let median = times[times.len() / 2];
-        println!(
-            "{mode:10} mean {:6.1} µs  median {:6.1} µs",
-            mean.as_secs_f64() * 1e6,
-            median.as_secs_f64() * 1e6
-        );
+        report(mode, times)?;
     }
     Ok(())
+}
+
+fn spin_for(d: Duration) {
+    let start = Instant::now();
+    while start.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+fn report(mode: &str, mut times: Vec<Duration>) -> anyhow::Result<()> {
+    times.sort_unstable();
+    let mean = times.iter().sum::<Duration>() / u32::try_from(times.len())?;
+    let median = times[times.len() / 2];
+    println!(
+        "{mode:10} mean {:6.1} µs  median {:6.1} µs",
+        mean.as_secs_f64() * 1e6,
+        median.as_secs_f64() * 1e6
+    );
+    Ok(())
+}
+
+/// `reviews` reviews on each of two threads, in turns: each thread spins until its turn, so
+/// neither core sleeps, and every review follows one on the other core.
+fn ping_pong(
+    injectors: [&Injector; 2],
+    body: &[u8],
+    reviews: usize,
+) -> anyhow::Result<Vec<Duration>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let turn = AtomicUsize::new(0);
+    let turn = &turn;
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..2)
+            .map(|t| {
+                let injector = injectors[t];
+                s.spawn(move || -> anyhow::Result<Vec<Duration>> {
+                    let mut times = Vec::with_capacity(reviews);
+                    for i in 0..reviews {
+                        let mine = 2 * i + t;
+                        while turn.load(Ordering::Acquire) != mine {
+                            std::hint::spin_loop();
+                        }
+                        let start = Instant::now();
+                        let answer = one_review(injector, std::hint::black_box(body))?;
+                        times.push(start.elapsed());
+                        std::hint::black_box(answer);
+                        turn.store(mine + 1, Ordering::Release);
+                    }
+                    Ok(times)
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for thread in threads {
+            all.extend(
+                thread
+                    .join()
+                    .map_err(|_| anyhow::anyhow!("a thread panicked"))??,
+            );
+        }
+        Ok(all)
+    })
 }
 
 /// One review, never inlined: `bench/profile.sh` counts the cache misses inside this function
