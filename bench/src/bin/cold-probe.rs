@@ -16,7 +16,8 @@
 //! - `sleepN+spinM`: a sleep of N µs, then M µs busy: whether what a sleep loses comes back
 //!   by itself with time;
 //! - `sleepN+review`: a sleep of N µs, then one review untimed: whether the review brings back
-//!   what the sleep lost;
+//!   what the sleep lost; `sleepN+view`: the same with only the review's view read (its
+//!   code and data; the answer's left cold): how what the sleep lost divides between the two;
 //! - `pingpong`: two threads review in turns on one injector, each spinning while the other
 //!   reviews (no core sleeps), so every review follows one on the other core: what the cache
 //!   lines both threads write cost as they move between cores; `pingpong-own`: the same with
@@ -64,6 +65,8 @@ enum Gap {
     SleepSpin(Duration, Duration),
     /// A sleep, then one review untimed.
     SleepReview(Duration),
+    /// A sleep, then one view read, untimed.
+    SleepView(Duration),
 }
 
 fn gap(mode: &str) -> anyhow::Result<Gap> {
@@ -78,6 +81,12 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
             let n = &m["sleep".len()..m.len() - "+review".len()];
             Gap::SleepReview(Duration::from_micros(n.parse().with_context(|| {
                 format!("mode {mode:?}: sleepN+review takes a number of µs")
+            })?))
+        }
+        m if m.starts_with("sleep") && m.ends_with("+view") => {
+            let n = &m["sleep".len()..m.len() - "+view".len()];
+            Gap::SleepView(Duration::from_micros(n.parse().with_context(|| {
+                format!("mode {mode:?}: sleepN+view takes a number of µs")
             })?))
         }
         m if m.starts_with("sleep") && m.contains("+spin") => {
@@ -102,7 +111,7 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
         m if m.starts_with("branches") => Gap::Branches(usize::try_from(number("branches")?)?),
         m => bail!(
             "unknown mode {m:?} (hot, sleepN, spinN, thrashN, pagesN, linesN, branchesN, \
-             yieldN, sleepN+spinM, sleepN+review, pingpong, pingpong-own)"
+             yieldN, sleepN+spinM, sleepN+review, sleepN+view, pingpong, pingpong-own)"
         ),
     })
 }
@@ -110,6 +119,7 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let body = sidecar_injector_bench::review_body()?;
+    let text = std::str::from_utf8(&body).context("the bench's review is not UTF-8")?;
     let injector = Injector::embedded(None)?;
     let gaps = args
         .modes
@@ -157,6 +167,12 @@ fn main() -> anyhow::Result<()> {
                 Gap::SleepSpin(sleep, spin) => {
                     std::thread::sleep(*sleep);
                     spin_for(*spin);
+                }
+                Gap::SleepView(sleep) => {
+                    std::thread::sleep(*sleep);
+                    let view =
+                        sidecar_injector::view::ReviewView::parse(std::hint::black_box(text))?;
+                    std::hint::black_box(&view);
                 }
                 Gap::SleepReview(sleep) => {
                     std::thread::sleep(*sleep);
