@@ -393,20 +393,28 @@ pub type Injection = (Arc<str>, Arc<str>);
 /// The compiled templates, keyed by name.
 pub struct TemplateSet {
     env: Environment<'static>,
-    names: BTreeSet<String>,
-    /// Per template, its name and a short hash of its source and the configuration's
-    /// `values` (it changes exactly when the configuration changes what the template can
-    /// render), shared with every answer that reports an injection.
-    hashes: BTreeMap<String, Injection>,
+    /// Per template, what a review reads of it, together: a review looks a template up by
+    /// name four times (what it reads, its overrides, its defaults, its hash), and four maps
+    /// were four sets of nodes and keys for a cold review to fetch (BENCHMARKS.md, "What the
+    /// goals need").
+    templates: BTreeMap<String, Entry>,
     values: Value,
     cache: RenderCache,
-    /// The annotations each template declares it reads.
-    overrides: BTreeMap<String, Declared>,
-    /// Per template, what it reads of the pod context.
-    reads: BTreeMap<String, Reads>,
-    /// Per template, its overrides when the pod sets none (checked once, at load).
-    defaults: BTreeMap<String, Overrides<'static>>,
     owned: Owned,
+}
+
+/// One template's part of [`TemplateSet`].
+struct Entry {
+    /// Its name and a short hash of its source and the configuration's `values` (it changes
+    /// exactly when the configuration changes what the template can render), shared with every
+    /// answer that reports an injection.
+    injection: Injection,
+    /// What it reads of the pod context.
+    reads: Reads,
+    /// The annotations it declares it reads.
+    declared: Declared,
+    /// Its overrides when the pod sets none (checked once, at load; `None` until then).
+    defaults: Option<Overrides<'static>>,
 }
 
 /// A template's overrides for one pod: the checked values, and their JSON, which is part of
@@ -521,7 +529,7 @@ fn keep<T: ?Sized>(table: &Table<T>, key: Vec<u8>, value: Arc<T>) {
 impl std::fmt::Debug for TemplateSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TemplateSet")
-            .field("names", &self.names)
+            .field("names", &self.templates.keys())
             .finish_non_exhaustive()
     }
 }
@@ -561,10 +569,7 @@ impl TemplateSet {
         // Output is YAML, not HTML: no auto-escaping (use `| tojson` to quote a value).
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_keep_trailing_newline(true);
-        let mut names = BTreeSet::new();
-        let mut reads = BTreeMap::new();
-        let mut declared = BTreeMap::new();
-        let mut hashes = BTreeMap::new();
+        let mut templates = BTreeMap::new();
         let values_json = serde_json::to_vec(values).unwrap_or_default();
         for (name, source) in sources {
             let file = file_name(&name);
@@ -579,7 +584,6 @@ impl TemplateSet {
                     file: file.clone(),
                     detail,
                 })?;
-            declared.insert(name.clone(), header);
             let mut h = Sha256::new();
             h.update(source.as_bytes());
             h.update([0]);
@@ -588,7 +592,6 @@ impl TemplateSet {
                 .iter()
                 .map(|b| format!("{b:02x}"))
                 .collect();
-            hashes.insert(name.clone(), (name.as_str().into(), hash.into()));
             env.add_template_owned(file.clone(), source.clone())
                 .map_err(|e| TemplateError::Compile {
                     file: file.clone(),
@@ -600,30 +603,34 @@ impl TemplateSet {
                     file: file.clone(),
                     detail: describe(&e),
                 })?;
-            reads.insert(name.clone(), reads_of(&template, &source));
-            names.insert(name);
+            let entry = Entry {
+                injection: (name.as_str().into(), hash.into()),
+                reads: reads_of(&template, &source),
+                declared: header,
+                defaults: None,
+            };
+            templates.insert(name, entry);
         }
         let mut set = Self {
             env,
-            names,
-            hashes,
+            templates,
             values: Value::from_serialize(values),
             cache: RenderCache::default(),
-            overrides: declared,
-            reads,
-            defaults: BTreeMap::new(),
             owned: Owned::default(),
         };
         let none: BTreeMap<String, String> = BTreeMap::new();
-        for name in &set.names {
-            let defaults =
-                set.overrides_for(name, &none)
-                    .map_err(|e| TemplateError::Overrides {
-                        file: file_name(name),
-                        detail: e.to_string(),
-                    })?;
-            let defaults = Overrides::owned(defaults.values.into_owned());
-            set.defaults.insert(name.clone(), defaults);
+        let mut defaults = Vec::with_capacity(set.templates.len());
+        for name in set.templates.keys() {
+            let checked = set
+                .overrides_for(name, &none)
+                .map_err(|e| TemplateError::Overrides {
+                    file: file_name(name),
+                    detail: e.to_string(),
+                })?;
+            defaults.push(Overrides::owned(checked.values.into_owned()));
+        }
+        for (entry, defaults) in set.templates.values_mut().zip(defaults) {
+            entry.defaults = Some(defaults);
         }
         set.owned = set.check_samples()?;
         Ok(set)
@@ -665,7 +672,7 @@ impl TemplateSet {
         };
         let mut owned = Owned::default();
         let mut owner: BTreeMap<String, String> = BTreeMap::new();
-        for name in &self.names {
+        for name in self.templates.keys() {
             let file = file_name(name);
             let defaults =
                 self.overrides_for(name, &empty)
@@ -746,7 +753,7 @@ impl TemplateSet {
             spec: Keys::None,
             spec_fields: u16::MAX,
         };
-        self.reads.get(name).unwrap_or(&ALL)
+        self.templates.get(name).map_or(&ALL, |t| &t.reads)
     }
 
     /// What the templates put on pods under fixed names (see [`Owned`]).
@@ -756,7 +763,7 @@ impl TemplateSet {
 
     /// The annotations template `name` declares it reads.
     pub fn declared(&self, name: &str) -> Option<&Declared> {
-        self.overrides.get(name)
+        self.templates.get(name).map(|t| &t.declared)
     }
 
     /// The overrides template `name` sees for a pod with these annotations: its values, checked,
@@ -766,37 +773,41 @@ impl TemplateSet {
         name: &str,
         annotations: &(impl overrides::Annotations + ?Sized),
     ) -> Result<Overrides<'_>, BadValue> {
-        match self.overrides.get(name) {
+        match self.templates.get(name) {
             // Most pods set none of a template's override annotations: the defaults apply.
-            Some(declared) if declared.keys().any(|a| annotations.annotation(a).is_some()) => {
-                overrides::resolve(declared, annotations).map(Overrides::owned)
+            Some(t)
+                if t.declared
+                    .keys()
+                    .any(|a| annotations.annotation(a).is_some()) =>
+            {
+                overrides::resolve(&t.declared, annotations).map(Overrides::owned)
             }
-            Some(declared) => match self.defaults.get(name) {
+            Some(t) => match &t.defaults {
                 Some(defaults) => Ok(defaults.borrowed()),
-                None => overrides::resolve(declared, annotations).map(Overrides::owned),
+                None => overrides::resolve(&t.declared, annotations).map(Overrides::owned),
             },
             None => Ok(Overrides::owned(BTreeMap::new())),
         }
     }
 
     pub fn contains(&self, name: &str) -> bool {
-        self.names.contains(name)
+        self.templates.contains_key(name)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.names.iter().map(String::as_str)
+        self.templates.keys().map(String::as_str)
     }
 
     /// The template's hash (of its source and the configuration's values), empty for an
     /// unknown name. The metric of injections per template carries it.
     pub fn hash(&self, name: &str) -> &str {
-        self.hashes.get(name).map_or("", |(_, hash)| hash)
+        self.templates.get(name).map_or("", |t| &t.injection.1)
     }
 
     /// A template's name and hash, shared (for metrics labels).
     pub fn injection(&self, name: &str) -> Injection {
-        match self.hashes.get(name) {
-            Some(injection) => injection.clone(),
+        match self.templates.get(name) {
+            Some(t) => t.injection.clone(),
             None => (name.into(), "".into()),
         }
     }
