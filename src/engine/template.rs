@@ -394,9 +394,9 @@ pub type Injection = (Arc<str>, Arc<str>);
 pub struct TemplateSet {
     env: Environment<'static>,
     /// Per template, what a review reads of it, together: a review looks a template up by
-    /// name four times (what it reads, its overrides, its defaults, its hash), and four maps
-    /// were four sets of nodes and keys for a cold review to fetch (BENCHMARKS.md, "What the
-    /// goals need").
+    /// name for what it reads, its overrides and its hash, and the four maps these were kept
+    /// in (its defaults apart) were four sets of nodes and keys for a cold review to fetch
+    /// (BENCHMARKS.md, "What the goals need").
     templates: BTreeMap<String, Entry>,
     values: Value,
     cache: RenderCache,
@@ -413,8 +413,8 @@ struct Entry {
     reads: Reads,
     /// The annotations it declares it reads.
     declared: Declared,
-    /// Its overrides when the pod sets none (checked once, at load; `None` until then).
-    defaults: Option<Overrides<'static>>,
+    /// Its overrides when the pod sets none (checked once, at load).
+    defaults: Overrides<'static>,
 }
 
 /// A template's overrides for one pod: the checked values, and their JSON, which is part of
@@ -603,11 +603,18 @@ impl TemplateSet {
                     file: file.clone(),
                     detail: describe(&e),
                 })?;
+            // The declared defaults, checked as a pod that sets none of them sees them.
+            let none: BTreeMap<String, String> = BTreeMap::new();
+            let defaults =
+                overrides::resolve(&header, &none).map_err(|e| TemplateError::Overrides {
+                    file: file.clone(),
+                    detail: e.to_string(),
+                })?;
             let entry = Entry {
                 injection: (name.as_str().into(), hash.into()),
                 reads: reads_of(&template, &source),
                 declared: header,
-                defaults: None,
+                defaults: Overrides::owned(defaults),
             };
             templates.insert(name, entry);
         }
@@ -618,20 +625,6 @@ impl TemplateSet {
             cache: RenderCache::default(),
             owned: Owned::default(),
         };
-        let none: BTreeMap<String, String> = BTreeMap::new();
-        let mut defaults = Vec::with_capacity(set.templates.len());
-        for name in set.templates.keys() {
-            let checked = set
-                .overrides_for(name, &none)
-                .map_err(|e| TemplateError::Overrides {
-                    file: file_name(name),
-                    detail: e.to_string(),
-                })?;
-            defaults.push(Overrides::owned(checked.values.into_owned()));
-        }
-        for (entry, defaults) in set.templates.values_mut().zip(defaults) {
-            entry.defaults = Some(defaults);
-        }
         set.owned = set.check_samples()?;
         Ok(set)
     }
@@ -782,10 +775,7 @@ impl TemplateSet {
             {
                 overrides::resolve(&t.declared, annotations).map(Overrides::owned)
             }
-            Some(t) => match &t.defaults {
-                Some(defaults) => Ok(defaults.borrowed()),
-                None => overrides::resolve(&t.declared, annotations).map(Overrides::owned),
-            },
+            Some(t) => Ok(t.defaults.borrowed()),
             None => Ok(Overrides::owned(BTreeMap::new())),
         }
     }

@@ -77,28 +77,20 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
     };
     Ok(match mode {
         "hot" => Gap::Hot,
-        m if m.starts_with("sleep") && m.ends_with("+review") => {
-            let n = &m["sleep".len()..m.len() - "+review".len()];
-            Gap::SleepReview(Duration::from_micros(n.parse().with_context(|| {
-                format!("mode {mode:?}: sleepN+review takes a number of µs")
-            })?))
-        }
-        m if m.starts_with("sleep") && m.ends_with("+view") => {
-            let n = &m["sleep".len()..m.len() - "+view".len()];
-            Gap::SleepView(Duration::from_micros(n.parse().with_context(|| {
-                format!("mode {mode:?}: sleepN+view takes a number of µs")
-            })?))
-        }
-        m if m.starts_with("sleep") && m.contains("+spin") => {
-            let (sleep, spin) = m["sleep".len()..]
-                .split_once("+spin")
-                .context("sleepN+spinM")?;
+        m if m.starts_with("sleep") && m.contains('+') => {
+            let (sleep, then) = m["sleep".len()..].split_once('+').context("sleepN+…")?;
             let micros = |n: &str| -> anyhow::Result<Duration> {
                 Ok(Duration::from_micros(n.parse().with_context(|| {
-                    format!("mode {mode:?}: sleepN+spinM takes two numbers of µs")
+                    format!("mode {mode:?}: {n:?} is not a number of µs")
                 })?))
             };
-            Gap::SleepSpin(micros(sleep)?, micros(spin)?)
+            let sleep = micros(sleep)?;
+            match then {
+                "review" => Gap::SleepReview(sleep),
+                "view" => Gap::SleepView(sleep),
+                t if t.starts_with("spin") => Gap::SleepSpin(sleep, micros(&t["spin".len()..])?),
+                _ => bail!("mode {mode:?}: after sleepN+ comes review, view or spinM"),
+            }
         }
         m if m.starts_with("sleep") => Gap::Sleep(Duration::from_micros(number("sleep")?)),
         m if m.starts_with("yield") => Gap::Yield(usize::try_from(number("yield")?)?),
