@@ -18,6 +18,11 @@
 //! - `sleepN+review`: a sleep of N µs, then one review untimed: whether the review brings back
 //!   what the sleep lost; `sleepN+view`: the same with only the review's view read (its
 //!   code and data; the answer's left cold): how what the sleep lost divides between the two;
+//!   `sleepN+twin`: the same with one review untimed by a second injector on a copy of the
+//!   body (the same code and allocator, none of the same templates, fragments or caches);
+//!   `sleepN+bufs`: the same with only two buffers of the sizes of the patch's and the
+//!   answer's allocated, written and freed (the blocks the review's patch and answer are then
+//!   given);
 //! - `pingpong`: two threads review in turns on one injector, each spinning while the other
 //!   reviews (no core sleeps), so every review follows one on the other core: what the cache
 //!   lines both threads write cost as they move between cores; `pingpong-own`: the same with
@@ -67,6 +72,11 @@ enum Gap {
     SleepReview(Duration),
     /// A sleep, then one view read, untimed.
     SleepView(Duration),
+    /// A sleep, then one review untimed by a second injector on a copy of the body.
+    SleepTwin(Duration),
+    /// A sleep, then two buffers of the patch's and the answer's sizes allocated, written and
+    /// freed.
+    SleepBufs(Duration),
 }
 
 fn gap(mode: &str) -> anyhow::Result<Gap> {
@@ -88,8 +98,10 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
             match then {
                 "review" => Gap::SleepReview(sleep),
                 "view" => Gap::SleepView(sleep),
+                "twin" => Gap::SleepTwin(sleep),
+                "bufs" => Gap::SleepBufs(sleep),
                 t if t.starts_with("spin") => Gap::SleepSpin(sleep, micros(&t["spin".len()..])?),
-                _ => bail!("mode {mode:?}: after sleepN+ comes review, view or spinM"),
+                _ => bail!("mode {mode:?}: after sleepN+ comes review, view, twin, bufs or spinM"),
             }
         }
         m if m.starts_with("sleep") => Gap::Sleep(Duration::from_micros(number("sleep")?)),
@@ -103,7 +115,7 @@ fn gap(mode: &str) -> anyhow::Result<Gap> {
         m if m.starts_with("branches") => Gap::Branches(usize::try_from(number("branches")?)?),
         m => bail!(
             "unknown mode {m:?} (hot, sleepN, spinN, thrashN, pagesN, linesN, branchesN, \
-             yieldN, sleepN+spinM, sleepN+review, sleepN+view, pingpong, pingpong-own)"
+             yieldN, sleepN+spinM, sleepN+review, sleepN+view, sleepN+twin, sleepN+bufs, pingpong, pingpong-own)"
         ),
     })
 }
@@ -127,6 +139,13 @@ fn main() -> anyhow::Result<()> {
         .max()
         .unwrap_or(0);
     let mut other = vec![0u8; largest];
+    // The answer's length, for `sleepN+bufs` (its buffer is allocated at about that size).
+    let answer_len = one_review(&injector, &body)?.body.len();
+    let twin = gaps
+        .iter()
+        .any(|(_, g)| matches!(g, Gap::SleepTwin(_)))
+        .then(|| anyhow::Ok((Injector::embedded(None)?, body.clone())))
+        .transpose()?;
     for (mode, gap) in &gaps {
         if let Gap::PingPong { own } = gap {
             let second = Injector::embedded(None)?;
@@ -165,6 +184,19 @@ fn main() -> anyhow::Result<()> {
                     let view =
                         sidecar_injector::view::ReviewView::parse(std::hint::black_box(text))?;
                     std::hint::black_box(&view);
+                }
+                Gap::SleepTwin(sleep) => {
+                    std::thread::sleep(*sleep);
+                    if let Some((injector, body)) = &twin {
+                        std::hint::black_box(one_review(injector, std::hint::black_box(body))?);
+                    }
+                }
+                Gap::SleepBufs(sleep) => {
+                    std::thread::sleep(*sleep);
+                    // The patch's JSON starts with room for 2,048 bytes (inject::write_patch).
+                    let patch = vec![1u8; 2048];
+                    let answer = vec![1u8; answer_len];
+                    std::hint::black_box((&patch, &answer));
                 }
                 Gap::SleepReview(sleep) => {
                     std::thread::sleep(*sleep);
