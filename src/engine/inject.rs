@@ -272,7 +272,11 @@ impl Key {
         match keys {
             Keys::None if !all => {}
             Keys::Some(read) if !all => {
-                let entries: Vec<_> = entries.collect();
+                // Sized from the start (the iterator filters, so `collect` would start small
+                // and grow).
+                let mut list = Vec::with_capacity(entries.size_hint().1.unwrap_or(0));
+                list.extend(entries);
+                let entries = list;
                 for k in read {
                     self.field(tag, k.as_bytes());
                     match entries.iter().find(|(have, _)| have == k) {
@@ -380,6 +384,7 @@ impl<'a> PodFacts<'a> {
         let keep = |name: &str, listed: Option<&Vec<String>>| {
             !owned.sidecars.contains(name) && listed.is_none_or(|l| l.iter().any(|n| n == name))
         };
+        let volumes = self.pod.spec.as_ref().map_or(&[][..], |s| s.volumes());
         let mut shown = Shown {
             containers: self
                 .pod
@@ -393,9 +398,11 @@ impl<'a> PodFacts<'a> {
                 .iter()
                 .filter(|c| keep(&c.name, only.map(|o| &o.init_containers)))
                 .collect(),
-            volumes: Vec::new(),
+            // Room for all of them at once: pushed one by one from empty, the list was
+            // reallocated as it grew, on every review.
+            volumes: Vec::with_capacity(volumes.len()),
         };
-        for v in self.pod.spec.as_ref().map_or(&[][..], |s| s.volumes()) {
+        for v in volumes {
             if !owned.volumes.contains(v.name.as_str())
                 && only.is_none_or(|o| o.volumes.iter().any(|n| *n == *v.name))
                 && !v.is_token_volume()?
@@ -999,7 +1006,8 @@ fn fragment_hash(inj: &Injector, templates: &[Rendered]) -> String {
         let sum = Sha256::digest(input);
         sum[..8].iter().map(|b| format!("{b:02x}")).collect()
     });
-    digest.to_string()
+    // Copied as it is (`to_string` went through the formatter, growing a string from empty).
+    String::from(&*digest)
 }
 
 // === Edits ===
