@@ -633,7 +633,6 @@ impl TemplateSet {
     /// owner. Both must render; container names must be unique; and what [`Owned`] records
     /// must not differ between the two, since the context leaves it out by name.
     fn check_samples(&self) -> Result<Owned, TemplateError> {
-        let empty: BTreeMap<String, String> = BTreeMap::new();
         let bare = PodContext {
             name: "example",
             generate_name: "",
@@ -665,14 +664,10 @@ impl TemplateSet {
         };
         let mut owned = Owned::default();
         let mut owner: BTreeMap<String, String> = BTreeMap::new();
-        for name in self.templates.keys() {
+        for (name, entry) in &self.templates {
             let file = file_name(name);
-            let defaults =
-                self.overrides_for(name, &empty)
-                    .map_err(|e| TemplateError::Overrides {
-                        file: file.clone(),
-                        detail: e.to_string(),
-                    })?;
+            // The defaults were checked when the template was compiled.
+            let defaults = entry.defaults.borrowed();
             let first = self.render(name, &bare, &defaults)?;
             let second = self.render(name, &busy, &defaults)?;
             let keys = |f: &Fragment| {
