@@ -28,7 +28,8 @@ pub use engine::{
 /// were about an eighth of an engine review's instructions (`bench/profile.sh`). Built without
 /// transparent huge pages (`no_thp`): with them the webhook's peak RSS under load went from
 /// 19 MiB to 37 MiB. Its v2 series (`v2`), not v3: in the server, where a review's allocations
-/// and hyper's interleave, v3 retired and took back whole pages on most requests, and the
-/// webhook spent 0.5-1 µs more CPU a request with it (BENCHMARKS.md, "What the goals need").
+/// and hyper's interleave, v3's page retiring and arena bitmaps showed in the profile, and the
+/// webhook spent 19.4-19.7 µs of CPU a request with v2 against 20.1-22.5 with v3 (BENCHMARKS.md,
+/// "What the goals need").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
