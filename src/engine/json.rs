@@ -452,6 +452,52 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// An object read by `read` from its exact compact text, as the API server writes it (its
+    /// members in the order its type declares them, no whitespace): `read` eats what it
+    /// expects ([`Self::eat_text`], [`Self::plain_rest`]) and gives `None` as soon as the text
+    /// differs, and the reader then goes back to where it was, for the caller to read the
+    /// object the general way. Inside, the reader counts the object's level, as the general
+    /// way does, so a value stepped over in it has the nesting room it would have there; and
+    /// an object the general way would refuse as nested too deep is not read here.
+    #[inline(always)]
+    pub fn compact<T>(&mut self, read: impl FnOnce(&mut Self) -> Option<T>) -> Option<T> {
+        if self.depth >= DEPTH {
+            return None;
+        }
+        let pos = self.pos;
+        self.depth += 1;
+        let value = read(self);
+        self.depth -= 1;
+        if value.is_none() {
+            self.pos = pos;
+        }
+        value
+    }
+
+    /// `text`, eaten when the text goes on with exactly it.
+    #[inline(always)]
+    pub fn eat_text(&mut self, text: &[u8]) -> Option<()> {
+        if self.bytes.get(self.pos..)?.starts_with(text) {
+            self.pos += text.len();
+            Some(())
+        } else {
+            None
+        }
+    }
+
+    /// After a string's opening quote: the string, borrowed, when it has no escape or control
+    /// character (its closing quote eaten); `None` (nothing eaten) otherwise.
+    #[inline(always)]
+    pub fn plain_rest(&mut self) -> Option<&'a str> {
+        let end = plain_run(self.bytes, self.pos);
+        if self.bytes.get(end) != Some(&b'"') {
+            return None;
+        }
+        let s = self.text.get(self.pos..end)?;
+        self.pos = end + 1;
+        Some(s)
+    }
+
     /// What `read` reads; if it fails, the reader goes back to where it was (for the caller
     /// to read the value another way) and this is `None`.
     pub fn attempt<T>(&mut self, read: impl FnOnce(&mut Self) -> Result<T>) -> Option<T> {
@@ -796,6 +842,51 @@ mod tests {
                     String::from_utf8_lossy(&text)
                 );
             }
+        }
+    }
+
+    /// A compact read is tried only where the general reader could enter the object, counts
+    /// the object's level while it reads (what it steps over has the room it would have in the
+    /// general reader), and leaves the reader where it was when it gives up.
+    #[test]
+    fn a_compact_read_keeps_the_nesting_limit_and_gives_up_cleanly() {
+        let text = r#"{"a":[[1]]}"#;
+        let mut r = Reader::new(text);
+        r.depth = DEPTH;
+        assert_eq!(r.compact(|r| r.eat_text(b"{")), None);
+        assert_eq!((r.pos, r.depth), (0, DEPTH));
+        // Two levels below the limit: the object is the last level, so the array in it is
+        // nested too deep, as the general reader says.
+        r.depth = DEPTH - 2;
+        let inside = r.compact(|r| {
+            r.eat_text(br#"{"a":"#)?;
+            r.skip().ok()
+        });
+        assert_eq!(inside, None);
+        assert_eq!((r.pos, r.depth), (0, DEPTH - 2));
+        let general = r.object(|r, _| r.skip());
+        assert_eq!(general.map_err(|e| e.what), Err("nested too deep"));
+        // Three levels below, both read it.
+        let mut r = Reader::new(text);
+        r.depth = DEPTH - 3;
+        let inside = r.compact(|r| {
+            r.eat_text(br#"{"a":"#)?;
+            r.skip().ok()?;
+            r.eat_text(b"}")
+        });
+        assert_eq!(inside, Some(()));
+        assert_eq!((r.pos, r.depth), (text.len(), DEPTH - 3));
+    }
+
+    #[test]
+    fn a_plain_rest_is_a_string_without_escapes() {
+        let mut r = Reader::new(r#"abc","#);
+        assert_eq!(r.plain_rest(), Some("abc"));
+        assert_eq!(r.pos, 4);
+        for text in [r#"a\"b""#, "a\nb\"", "abc"] {
+            let mut r = Reader::new(text);
+            assert_eq!(r.plain_rest(), None, "{text:?}");
+            assert_eq!(r.pos, 0);
         }
     }
 

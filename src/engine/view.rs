@@ -634,7 +634,33 @@ fn request_view<'a>(r: &mut Reader<'a>) -> R<RequestView<'a>> {
     })
 }
 
+/// `{"group":"…","version":"…",THIRD"…"}`, a group, version and kind (or resource) as the API
+/// server writes one (`third` is `,"kind":"` or `,"resource":"`): its three strings, or `None`
+/// (nothing read) for the general reader. Four of them in every review: read the general way
+/// they were about 2,600 instructions of a review's 58,000.
+#[inline(never)]
+fn compact_gv<'a>(r: &mut Reader<'a>, third: &'static [u8]) -> Option<[&'a str; 3]> {
+    r.compact(|r| {
+        r.eat_text(b"{\"group\":\"")?;
+        let group = r.plain_rest()?;
+        r.eat_text(b",\"version\":\"")?;
+        let version = r.plain_rest()?;
+        r.eat_text(third)?;
+        let last = r.plain_rest()?;
+        r.eat_text(b"}")?;
+        Some([group, version, last])
+    })
+}
+
 fn gvk<'a>(r: &mut Reader<'a>) -> R<Gvk<'a>> {
+    if let Some([group, version, kind]) = compact_gv(r, b",\"kind\":\"") {
+        let s = |s| Str(Cow::Borrowed(s));
+        return Ok(Gvk {
+            group: s(group),
+            version: s(version),
+            kind: s(kind),
+        });
+    }
     let [group, version, kind] = string_members(r, &["group", "version", "kind"])?;
     Ok(Gvk {
         group: required(r, group)?,
@@ -645,6 +671,9 @@ fn gvk<'a>(r: &mut Reader<'a>) -> R<Gvk<'a>> {
 
 /// `kube::core::GroupVersionResource`: checked, not kept.
 fn gvr(r: &mut Reader<'_>) -> R<()> {
+    if compact_gv(r, b",\"resource\":\"").is_some() {
+        return Ok(());
+    }
     let [group, version, resource, _] =
         string_members(r, &["group", "version", "resource", "api_version"])?;
     required(r, group.and(version).and(resource)).map(drop)
@@ -761,12 +790,49 @@ fn spec<'a>(r: &mut Reader<'a>) -> R<SpecView<'a>> {
 }
 
 fn name_view<'a>(r: &mut Reader<'a>) -> R<NameView<'a>> {
+    // An env var as the API server writes one: `{"name":"…"}`, with `,"value":"…"` or
+    // `,"valueFrom":{…}` after the name. Read the general way, one was about 460 instructions.
+    let compact = r.compact(|r| {
+        r.eat_text(b"{\"name\":\"")?;
+        let name = r.plain_rest()?;
+        if r.eat_text(b",\"value\":\"").is_some() {
+            r.plain_rest()?;
+        } else if r.eat_text(b",\"valueFrom\":").is_some() {
+            r.skip().ok()?;
+        }
+        r.eat_text(b"}")?;
+        Some(name)
+    });
+    if let Some(name) = compact {
+        return Ok(NameView {
+            name: Some(Str(Cow::Borrowed(name))),
+        });
+    }
     let mut n = NameView::default();
     members!(r, { "name" => opt_string => n.name })?;
     Ok(n)
 }
 
 fn mount<'a>(r: &mut Reader<'a>) -> R<MountView<'a>> {
+    // A mount as the API server writes one: `{"name":"…","mountPath":"…"}`, with
+    // `,"readOnly":true` (or false) between.
+    let compact = r.compact(|r| {
+        r.eat_text(b"{\"name\":\"")?;
+        let name = r.plain_rest()?;
+        if r.eat_text(b",\"readOnly\":").is_some() {
+            r.eat_text(b"true").or_else(|| r.eat_text(b"false"))?;
+        }
+        r.eat_text(b",\"mountPath\":\"")?;
+        let path = r.plain_rest()?;
+        r.eat_text(b"}")?;
+        Some((name, path))
+    });
+    if let Some((name, path)) = compact {
+        return Ok(MountView {
+            name: Some(Str(Cow::Borrowed(name))),
+            mount_path: Some(Str(Cow::Borrowed(path))),
+        });
+    }
     let mut m = MountView::default();
     members!(r, {
         "name" => opt_string => m.name,
@@ -1097,6 +1163,97 @@ mod tests {
         assert_eq!(pod.name(), "");
         assert_eq!(pod.label("a"), Some("2"));
         assert!(pod.containers().is_empty());
+    }
+
+    /// The compact readers of env vars, mounts and group/version/kind objects read what the
+    /// general readers read, and refuse what they refuse: each text is read as it is (the
+    /// compact reader's shape where it fits) and with a space after its `{` (which only the
+    /// general reader reads).
+    #[test]
+    fn compact_objects_read_as_the_general_reader_reads_them() {
+        fn both<T: std::fmt::Debug + PartialEq>(
+            text: &str,
+            read: impl for<'a> Fn(&mut Reader<'a>) -> R<T>,
+        ) -> (Option<T>, Option<T>) {
+            let spaced = text.replacen('{', "{ ", 1);
+            let once = |t: &str| {
+                let mut r = Reader::new(t);
+                read(&mut r).and_then(|v| r.end().map(|()| v)).ok()
+            };
+            (once(text), once(&spaced))
+        }
+        let env = |r: &mut Reader<'_>| name_view(r).map(|n| n.name.map(|s| s.to_string()));
+        for text in [
+            r#"{"name":"A"}"#,
+            r#"{"name":"A","value":"v"}"#,
+            r#"{"name":"A","value":""}"#,
+            r#"{"name":"A","valueFrom":{"secretKeyRef":{"name":"s","key":"k"}}}"#,
+            r#"{"name":"A","valueFrom":null}"#,
+            r#"{"name":"A","value":"v","x":1}"#,
+            r#"{"name":"A","value":5}"#,
+            r#"{"name":"AA","value":"v"}"#,
+            r#"{"name":"A","value":"v"w"}"#,
+            r#"{"name":"A","valueFrom":{"x":tru}}"#,
+            r#"{"name":"A","valueFrom":{"x":1}"#,
+            r#"{"name":"A","name":"B"}"#,
+            r#"{"name":null}"#,
+            r#"{"name":5}"#,
+            r#"{"value":"v"}"#,
+        ] {
+            let (compact, general) = both(text, env);
+            assert_eq!(compact, general, "{text}");
+        }
+        let mount = |r: &mut Reader<'_>| {
+            mount(r).map(|m| {
+                (
+                    m.name.map(|s| s.to_string()),
+                    m.mount_path.map(|s| s.to_string()),
+                )
+            })
+        };
+        for text in [
+            r#"{"name":"a","mountPath":"/p"}"#,
+            r#"{"name":"a","readOnly":true,"mountPath":"/p"}"#,
+            r#"{"name":"a","readOnly":false,"mountPath":"/p"}"#,
+            r#"{"name":"a","readOnly":1,"mountPath":"/p"}"#,
+            r#"{"name":"a","readOnly":truex,"mountPath":"/p"}"#,
+            r#"{"name":"a","mountPath":"/p","subPath":"s"}"#,
+            r#"{"name":"a","mountPath":"/p","mountPath":"/q"}"#,
+            r#"{"name":"a\/b","mountPath":"/p"}"#,
+            r#"{"mountPath":"/p","name":"a"}"#,
+        ] {
+            let (compact, general) = both(text, mount);
+            assert_eq!(compact, general, "{text}");
+        }
+        let kind = |r: &mut Reader<'_>| {
+            gvk(r).map(|g| {
+                (
+                    g.group.to_string(),
+                    g.version.to_string(),
+                    g.kind.to_string(),
+                )
+            })
+        };
+        for text in [
+            r#"{"group":"","version":"v1","kind":"Pod"}"#,
+            r#"{"group":"apps","version":"v1","kind":"Deployment"}"#,
+            r#"{"group":"","version":"v1","kind":"Pod","x":1}"#,
+            r#"{"group":"","version":"v1","kind":"Pod"}"#,
+            r#"{"group":"","version":"v1"}"#,
+            r#"{"group":"","version":"v1","kind":"Pod","kind":"X"}"#,
+        ] {
+            let (compact, general) = both(text, kind);
+            assert_eq!(compact, general, "{text}");
+        }
+        for text in [
+            r#"{"group":"","version":"v1","resource":"pods"}"#,
+            r#"{"group":"","version":"v1","resource":"pods","api_version":"v"}"#,
+            r#"{"group":"","version":"v1","resource":"pods","api_version":7}"#,
+            r#"{"group":"","version":"v1","resource":7}"#,
+        ] {
+            let (compact, general) = both(text, gvr);
+            assert_eq!(compact, general, "{text}");
+        }
     }
 
     #[test]
