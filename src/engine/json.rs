@@ -855,8 +855,8 @@ mod tests {
         r.depth = DEPTH;
         assert_eq!(r.compact(|r| r.eat_text(b"{")), None);
         assert_eq!((r.pos, r.depth), (0, DEPTH));
-        // Two levels below the limit: the object is the last level, so the array in it is
-        // nested too deep, as the general reader says.
+        // Two levels below the limit: the object and the outer array take the last two levels,
+        // so the inner array is nested too deep, as the general reader says.
         r.depth = DEPTH - 2;
         let inside = r.compact(|r| {
             r.eat_text(br#"{"a":"#)?;
