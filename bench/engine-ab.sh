@@ -5,7 +5,7 @@
 # server's CPU (user + system, /proc/PID/stat) over a run divided by the requests answered.
 # Every round runs the three in turn, and the order of the two engines flips from round to
 # round: which one runs second in a round moves the numbers as much as a 10% step of the code
-# (BENCHMARKS.md, "At 21ce87f").
+# (docs/benchmarks-history.md, "At 21ce87f").
 #
 # usage: bash bench/engine-ab.sh OLD_BIN_DIR NEW_BIN_DIR [ROUNDS] [SECONDS] [HTTP]
 #   a BIN_DIR holds release `ceiling` and `loadgen` (cargo build --release -p

@@ -58,7 +58,7 @@ done
 # (cold-probe's one_review; the simulation still sees everything). Its misses there are the
 # cache lines of code and data a cold review must fetch from memory: in the server, TLS, hyper,
 # the kernel and the other connections run between two reviews, so this, not the instruction
-# count, is what a review costs there (BENCHMARKS.md, "What the goals need").
+# count, is what a review costs there (docs/benchmarks-history.md, "What the goals needed").
 cold() {
   valgrind --tool=callgrind --cache-sim=yes --LL=2097152,16,64 \
     --toggle-collect='cold_probe::one_review' --callgrind-out-file="$out/engine-cold-$1.out" \

@@ -14,7 +14,7 @@ Before the windows it prints what tells a tail of stalls from a tail of single s
 the share of requests over 0.5 and 1 ms, and the p99 again without the requests of the 5, 20
 and 60 windows whose slowest request was slowest. A p99 that falls to near the p50 without a
 few windows came from stalls; one that stays came from requests slow one by one all through
-the run (BENCHMARKS.md, "At 85e782b").
+the run (docs/benchmarks-history.md, "At 85e782b").
 """
 
 import array

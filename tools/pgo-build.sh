@@ -24,9 +24,9 @@
 #    profile is new (every crate is laid out by it).
 #
 # BASE is CARGO_TARGET_DIR (or target/). The code is the same code as a plain release build;
-# only its layout and inlining follow the profile (BENCHMARKS.md, "At b4affd8"). llvm-profdata
-# comes from rustup's llvm-tools component (`rustup component add llvm-tools`) or from the
-# distribution's LLVM of the same major version as rustc's (Debian: `apt install llvm-22`).
+# only its layout and inlining follow the profile (docs/benchmarks-history.md, "At b4affd8").
+# llvm-profdata comes from rustup's llvm-tools component (`rustup component add llvm-tools`) or from
+# the distribution's LLVM of the same major version as rustc's (Debian: `apt install llvm-22`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 env_out=false

@@ -59,7 +59,8 @@ pub fn review_with_env(env: &[usize]) -> anyhow::Result<Vec<u8>> {
 /// The whole answer is read as strict JSON with the engine's reader (`engine::json`), which
 /// checks every value it steps over. serde_json read the patch's base64 a byte at a time: about
 /// 7% of the load generator's samples in `perf record`, now about 2%, on the two cores it shares
-/// with the server it measures (BENCHMARKS.md, "The goal's rate and the load generator's share").
+/// with the server it measures (docs/benchmarks-history.md, "The goal's rate and the load
+/// generator's share").
 pub fn check_answer(answer: &[u8], uid: &str) -> anyhow::Result<usize> {
     use sidecar_injector::engine::json::{self, Reader};
     let text =

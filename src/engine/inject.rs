@@ -1069,7 +1069,7 @@ pub enum Edit<'p> {
 /// once it is long (thousands of env vars). The inline list starts empty without writing its
 /// sixteen slots, and adding is one function for every set: a planning runs each of its
 /// loops once or twice, so the code it runs through, not the instructions, is what a review
-/// pays for (BENCHMARKS.md, "At 733d418").
+/// pays for (docs/benchmarks-history.md, "At 733d418").
 // The inline list is the point: a set lives on the stack for one planning.
 #[allow(clippy::large_enum_variant)]
 enum Names<'a> {
@@ -1360,7 +1360,7 @@ pub fn apply(pod: &mut Pod, edits: &[Edit<'_>]) {
 /// ([`Patch::json`]); its base64, kept with the piece, is what an AdmissionReview answer
 /// copies ([`Patch::base64_into`]). Copying the piece's JSON into the patch as well was half
 /// of what a review copied, and a cold review fetches every byte it copies from memory
-/// (BENCHMARKS.md, "What the goals need").
+/// (docs/benchmarks-history.md, "What the goals needed").
 #[derive(Debug, Default)]
 pub struct Patch<'p> {
     /// The patch's bytes, long pieces left out.

@@ -3,11 +3,11 @@
 //!
 //! Why not serde_json here: stepping over the bench's 5.5 KB review costs serde_json about
 //! 70,000 instructions (jiter about 74,000, simd-json about 60,000 with AVX2), most of a
-//! review's instruction budget (BENCHMARKS.md, "What the goals need"). This reader steps over
-//! it for about 65,000; what it saves is in reading: nothing it skips is built, a member's JSON
-//! is kept while its fields are read, so no value is read twice. A string is tested sixteen
-//! bytes at a time (SSE2, part of x86_64, through `safe_arch`), eight at a time elsewhere, and
-//! a string read or stepped over is inlined where it is read: most names and values are one
+//! review's instruction budget (docs/benchmarks-history.md, "What the goals needed"). This reader
+//! steps over it for about 65,000; what it saves is in reading: nothing it skips is built, a
+//! member's JSON is kept while its fields are read, so no value is read twice. A string is tested
+//! sixteen bytes at a time (SSE2, part of x86_64, through `safe_arch`), eight at a time elsewhere,
+//! and a string read or stepped over is inlined where it is read: most names and values are one
 //! test.
 //!
 //! It accepts a subset of what serde_json accepts, never more (`tests/json_reader.rs` holds it
@@ -548,8 +548,8 @@ impl<'a> Reader<'a> {
     /// The items of an object (each called with its key) or an array (with an empty key),
     /// separated by commas. The loop is compiled into each reader, with the reader's items
     /// inlined in it: one loop for all readers, calling each item through a pointer (as until
-    /// 26 November), cost a typical review's view about 4,600 instructions more (BENCHMARKS.md,
-    /// "What the goals need").
+    /// 26 November), cost a typical review's view about 4,600 instructions more
+    /// (docs/benchmarks-history.md, "What the goals needed").
     #[inline(always)]
     fn items(
         &mut self,

@@ -64,7 +64,7 @@ pub struct Memo {
     hasher: foldhash::fast::RandomState,
     /// Read-write: an answer from memory only reads it, so the serving threads never wait
     /// for one another there (a thread preempted while it held a mutex made the others sleep;
-    /// BENCHMARKS.md, "Locks on the serving path").
+    /// docs/benchmarks-history.md, "Locks on the serving path").
     table: RwLock<Table>,
     /// Lookups since the answers last started over: they start over when full only after
     /// [`CHURN`] times as many lookups as they hold, so that more bodies repeating than the

@@ -396,7 +396,7 @@ pub struct TemplateSet {
     /// Per template, what a review reads of it, together: a review looks a template up by
     /// name for what it reads, its overrides and its hash, and the four maps these were kept
     /// in (its defaults apart) were four sets of nodes and keys for a cold review to fetch
-    /// (BENCHMARKS.md, "What the goals need").
+    /// (docs/benchmarks-history.md, "What the goals needed").
     templates: BTreeMap<String, Entry>,
     values: Value,
     cache: RenderCache,
@@ -495,8 +495,8 @@ const CACHE_LIMIT: usize = 4096;
 /// was preempted while it held the lock (the machine's other work wants the CPU too) made the
 /// other serving threads sleep until it ran again, and every request on them waited (`perf`
 /// counted 136-171 futex calls in 4 s at 24,000 reviews a second, from these tables and the
-/// metrics; BENCHMARKS.md, "Locks on the serving path"). Readers of a read-write lock do not
-/// wait for one another.
+/// metrics; docs/benchmarks-history.md, "Locks on the serving path"). Readers of a read-write lock
+/// do not wait for one another.
 type Table<T> = std::sync::RwLock<foldhash::HashMap<Vec<u8>, Arc<T>>>;
 
 fn cached<T: ?Sized>(table: &Table<T>, key: &[u8]) -> Option<Arc<T>> {

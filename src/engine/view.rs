@@ -682,8 +682,8 @@ fn gvr(r: &mut Reader<'_>) -> R<()> {
 /// An object whose members named in `keys` are strings, each given once; any other member is
 /// stepped over. One reader for the two group/version/kind objects of a review and one for the
 /// two group/version/resource objects, not inlined: a reader generated for each by
-/// [`members!`] was 87 lines of code that a cold review fetched from memory (BENCHMARKS.md,
-/// "What the goals need").
+/// [`members!`] was 87 lines of code that a cold review fetched from memory
+/// (docs/benchmarks-history.md, "What the goals needed").
 #[inline(never)]
 fn string_members<'a, const N: usize>(
     r: &mut Reader<'a>,

@@ -7,10 +7,10 @@
 //! worker woken to steal waits for a CPU behind whatever runs there. On two shared cores at
 //! 0.4 of the transport's rate that turned a review's few microseconds into a tail of isolated
 //! requests of 0.5–1 ms (and a pure 6-µs spin did the same), and the engine cost the server
-//! about twice its own time (BENCHMARKS.md, "At 85e782b"). Here a connection's requests, its
-//! TLS state and its socket's readiness all stay on one thread. What that gives up: one
-//! connection (one HTTP/2 connection with all its streams) is served by one core, about
-//! 30,000 typical reviews a second on this machine, far more than any API server sends.
+//! about twice its own time (docs/benchmarks-history.md, "At 85e782b"). Here a connection's
+//! requests, its TLS state and its socket's readiness all stay on one thread. What that gives up:
+//! one connection (one HTTP/2 connection with all its streams) is served by one core, about 30,000
+//! typical reviews a second on this machine, far more than any API server sends.
 //!
 //! The listener, the admin port and the reloads stay on the caller's runtime; only accepted
 //! connections come here. The threads end when the [`Cores`] is dropped (in-flight connections

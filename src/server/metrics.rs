@@ -10,7 +10,8 @@
 //! atomic, the latency histogram is [`Latency`] (prometheus-client's `Histogram` takes a write
 //! lock for every observation), and the injection handles sit behind a read-write lock that is
 //! written only when a new template hash is first counted. A thread preempted while it held a
-//! shared lock made the other serving threads sleep until it ran again (BENCHMARKS.md).
+//! shared lock made the other serving threads sleep until it ran again (docs/benchmarks-history.md,
+//! "Locks on the serving path").
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};

@@ -39,11 +39,12 @@ struct Args {
     /// the ceiling's rate for the p99 goal, in one open-loop run whose schedule goes to the
     /// three in turns of `--slice-ms`: all three see the same moments of the machine. Runs one
     /// after another (ABBA, four rounds of 6 s, until this) gave two identical servers p99
-    /// ratios up to 5.99 here; turns of a second, 0.75-1.15 (`bench/p99-noise.py`, BENCHMARKS.md).
-    /// 60 s since 26 November 2026: with 24 the same webhook's ratio ranged 1.08-2.74 over eight
-    /// two-server runs, a p99 decided by a few dozen of the machine's stalls; with 60, 0.92-1.64
-    /// over six. (This program's runs at 60 s gave 2.81, 2.26, 14.2 and 2.97 on HTTP/1.1; the last
-    /// two at a higher rate, the ceiling measured faster: BENCHMARKS.md, "The goal's rate".)
+    /// ratios up to 5.99 here; turns of a second, 0.75-1.15 (`bench/p99-noise.py`,
+    /// docs/benchmarks-history.md). 60 s since 26 November 2026: with 24 the same webhook's ratio
+    /// ranged 1.08-2.74 over eight two-server runs, a p99 decided by a few dozen of the machine's
+    /// stalls; with 60, 0.92-1.64 over six. (This program's runs at 60 s gave 2.81, 2.26, 14.2 and
+    /// 2.97 on HTTP/1.1; the last two at a higher rate, the ceiling measured faster:
+    /// docs/benchmarks-history.md, "The goal's rate".)
     #[arg(long, default_value_t = 60.0)]
     latency_seconds: f64,
     /// Length of each server's turn in the latency run, in milliseconds.
