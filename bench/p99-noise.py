@@ -17,6 +17,15 @@ trial's pooled p99s and their ratio, one JSON line each. Loopback only; bounded:
     python3 bench/p99-noise.py aa|ab|eb|sb HTTP RATE TRIALS [ROUNDS]      (e.g. ab 2 17000 5 4; ROUNDS: 2)
     python3 bench/p99-noise.py ladder HTTP RATE TRIALS ROUNDS SPINS       (e.g. ladder 1 27000 3 10 2,4,6)
 
+`goal` repeats the goal's own judgement as `make bench` makes it, TRIALS times, each trial with
+servers of its own: the ceiling's closed-loop rate (best of two runs of 6 s), then one open-loop
+run at 0.4 of it in turns of 1,000 ms, 60 s a server, of the webhook (its memory of answers off),
+the ceiling and the webhook with its memory on. Each trial's line gives the rate and the three
+p99s; the last line, the ratios and how many went over 2x. Each trial takes about 3.5 minutes.
+WEBHOOK_ARGS is not used here (the two webhooks are `make bench`'s).
+
+    python3 bench/p99-noise.py goal HTTP TRIALS                             (e.g. goal 1 6)
+
 `ladder` runs, in each trial, aa, then sb with each spin of SPINS (µs, comma-separated), then ab,
 one after another, so that every rung sees the same phases of the machine; after the runs' lines
 it prints a line per rung: its ratios, how many went over 2x, and the server CPU a request each
@@ -256,7 +265,78 @@ def ladder(http, rate, trials, rounds, spins):
                           "ceiling_p99_ms": [l["p99_b_ms"] for l in lines]}), flush=True)
 
 
+# `make bench`'s latency goal: its share of the ceiling's rate, seconds a server, turn length.
+GOAL_SHARE, GOAL_SECONDS, GOAL_TURN_MS = 0.4, 60, 1000
+
+
+def loadgen(http, args):
+    """One loadgen run (its own flags after the shape of `http`); its report lines."""
+    conns = ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
+    out = subprocess.run(
+        [f"{BIN}/loadgen", "--http", str(http), *conns, *args],
+        capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec(),
+        timeout=4 * GOAL_SECONDS + 60).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def start_webhook(port, tmp, args):
+    """`start("webhook", ...)` with `args` as its WEBHOOK_ARGS (the caller's are left as they
+    were)."""
+    saved = os.environ.get("WEBHOOK_ARGS")
+    os.environ["WEBHOOK_ARGS"] = args
+    try:
+        return start("webhook", port, tmp)
+    finally:
+        if saved is None:
+            del os.environ["WEBHOOK_ARGS"]
+        else:
+            os.environ["WEBHOOK_ARGS"] = saved
+
+
+def goal(http, trials):
+    """`make bench`'s p99 goal, judged TRIALS times, each at 0.4 of the ceiling's closed-loop
+    rate measured just before it (see the module's doc)."""
+    ratios = []
+    for trial_no in range(trials):
+        with tempfile.TemporaryDirectory() as tmp:
+            servers = []
+            try:
+                servers.append(start_webhook(19500, tmp, "--memo-entries 0"))
+                servers.append(start("ceiling", 19510, tmp))
+                servers.append(start_webhook(19520, tmp, ""))
+                _, port, ca = servers[1]
+                closed = [loadgen(http, ["--addr", f"127.0.0.1:{port}", "--ca", ca,
+                                         "--duration", str(DURATION), "--warmup", str(WARMUP)])[-1]["rps"]
+                          for _ in range(2)]
+                rate = round(GOAL_SHARE * max(closed))
+                load = [os.getloadavg()[0]]
+                reports = loadgen(http, [
+                    *[a for _, port, ca in servers for a in ("--addr", f"127.0.0.1:{port}", "--ca", ca)],
+                    "--slice-ms", str(GOAL_TURN_MS), "--duration", str(GOAL_SECONDS * len(servers)),
+                    "--warmup", str(WARMUP), "--rate", str(rate)])[-len(servers):]
+                load.append(os.getloadavg()[0])
+            finally:
+                for proc, _, _ in servers:
+                    proc.terminate()
+                    proc.wait()
+        webhook, ceiling, memo = reports
+        ratio = round(webhook["p99_ms"] / ceiling["p99_ms"], 2)
+        ratios.append(ratio)
+        print(json.dumps({"goal": trial_no, "http": http, "ceiling_rps": [round(r) for r in closed],
+                          "rate": rate, "p99_webhook_ms": round(webhook["p99_ms"], 3),
+                          "p99_ceiling_ms": round(ceiling["p99_ms"], 3),
+                          "p99_memo_ms": round(memo["p99_ms"], 3), "ratio": ratio,
+                          "given_up": [r["unsent"] for r in reports],
+                          "failed": [r["errors"] + r["invalid"] for r in reports],
+                          "load": [round(x, 2) for x in load]}), flush=True)
+    print(json.dumps({"goal": "summary", "http": http, "ratios": ratios,
+                      "over_2x": sum(r > 2 for r in ratios)}), flush=True)
+
+
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "goal":
+        goal(int(sys.argv[2]), int(sys.argv[3]))
+        return
     if len(sys.argv) >= 2 and sys.argv[1] == "ladder":
         if len(sys.argv) != 7:
             sys.exit(__doc__)
