@@ -134,13 +134,18 @@ def loadgen_preexec():
     return apply
 
 
+def shape(http):
+    """`make bench`'s connections for `http`: 16 on HTTP/1.1, 2 of 8 streams each on HTTP/2."""
+    return ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
+
+
 # Seconds of each open-loop run: warm-up, then measured.
 WARMUP, DURATION = 1, 6
 
 
 def run(server, http, rate, path):
     proc, port, ca = server
-    conns = ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
+    conns = shape(http)
     cpu0, switches0 = cpu_and_switches(proc.pid)
     out = subprocess.run(
         [f"{BIN}/loadgen", "--addr", f"127.0.0.1:{port}", "--ca", ca, "--http", str(http), *conns,
@@ -163,7 +168,7 @@ def run_interleaved(servers, http, rate, rounds, tmp, slice_ms):
     """One load run against both servers, the schedule cut into turns of `slice_ms` that go to
     them in turn (loadgen with two --addr), each measured for ROUNDS x DURATION seconds: both
     sides see the same moments of the machine."""
-    conns = ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
+    conns = shape(http)
     paths = [os.path.join(tmp, f"l{side}.bin") for side in (0, 1)]
     before = [cpu_and_switches(proc.pid) for proc, _, _ in servers]
     out = subprocess.run(
@@ -271,7 +276,7 @@ GOAL_SHARE, GOAL_SECONDS, GOAL_TURN_MS = 0.4, 60, 1000
 
 def loadgen(http, args):
     """One loadgen run (its own flags after the shape of `http`); its report lines."""
-    conns = ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
+    conns = shape(http)
     out = subprocess.run(
         [f"{BIN}/loadgen", "--http", str(http), *conns, *args],
         capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec(),
