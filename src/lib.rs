@@ -29,7 +29,7 @@ pub use engine::{
 /// transparent huge pages (`no_thp`): with them the webhook's peak RSS under load went from
 /// 19 MiB to 37 MiB. Its v2 series (`v2`), not v3: in the server, where a review's allocations
 /// and hyper's interleave, v3's page retiring and arena bitmaps showed in the profile, and the
-/// webhook spent 19.4-19.7 µs of CPU a request with v2 against 20.1-22.5 with v3 (BENCHMARKS.md,
-/// "What the goals need").
+/// webhook spent 19.4-19.7 µs of CPU a request with v2 against 20.1-22.5 with v3
+/// (docs/benchmarks-history.md, "The allocator in the server, not the engine").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
