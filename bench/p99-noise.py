@@ -73,12 +73,15 @@ def pinned(part):
     return lambda: os.sched_setaffinity(0, chosen)
 
 
-def start(kind, port, tmp, spin_us=None):
+def start(kind, port, tmp, spin_us=None, webhook_args=None):
+    """A server of `kind` on `port`; a webhook gets `webhook_args` (WEBHOOK_ARGS when None)."""
     ca = os.path.join(tmp, f"{kind}-{port}-ca.pem")
     if kind == "webhook":
+        if webhook_args is None:
+            webhook_args = os.environ.get("WEBHOOK_ARGS", "")
         cmd = [f"{BIN}/sidecar-injector", "serve", "--listen", f"127.0.0.1:{port}",
                "--admin-listen", f"127.0.0.1:{port + 1}", "--dev-ca-file", ca, "--log-format", "json"] \
-            + os.environ.get("WEBHOOK_ARGS", "").split()
+            + webhook_args.split()
         # Errors only. make bench runs the production default (info; it removes RUST_LOG), but an
         # injected review logs at debug, so neither level writes a line a request.
         env = {**os.environ, "RUST_LOG": ""}
@@ -139,21 +142,32 @@ def shape(http):
     return ["--connections", "16"] if http == 1 else ["--connections", "2", "--streams", "8"]
 
 
+def addresses(servers):
+    """loadgen's `--addr` and `--ca` for each server, in turn order."""
+    return [a for _, port, ca in servers for a in ("--addr", f"127.0.0.1:{port}", "--ca", ca)]
+
+
+def loadgen(http, args, timeout=None):
+    """One loadgen run in the shape of `http`, with `args`; its report lines (JSON)."""
+    out = subprocess.run(
+        [f"{BIN}/loadgen", "--http", str(http), *shape(http), *args],
+        capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec(),
+        timeout=timeout).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
 # Seconds of each open-loop run: warm-up, then measured.
 WARMUP, DURATION = 1, 6
 
 
 def run(server, http, rate, path):
     proc, port, ca = server
-    conns = shape(http)
     cpu0, switches0 = cpu_and_switches(proc.pid)
-    out = subprocess.run(
-        [f"{BIN}/loadgen", "--addr", f"127.0.0.1:{port}", "--ca", ca, "--http", str(http), *conns,
-         *os.environ.get("LOADGEN_ARGS", "").split(),
-         "--rate", str(rate), "--duration", str(DURATION), "--warmup", str(WARMUP), "--latencies", path],
-        capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec()).stdout
+    report = loadgen(http, [
+        "--addr", f"127.0.0.1:{port}", "--ca", ca, *os.environ.get("LOADGEN_ARGS", "").split(),
+        "--rate", str(rate), "--duration", str(DURATION), "--warmup", str(WARMUP),
+        "--latencies", path])[-1]
     cpu1, switches1 = cpu_and_switches(proc.pid)
-    report = json.loads(out.strip().splitlines()[-1])
     # Per request sent, warm-up included.
     sent = rate * (WARMUP + DURATION)
     report["server_cpu_us"] = (cpu1 - cpu0) / sent * 1e6
@@ -168,17 +182,12 @@ def run_interleaved(servers, http, rate, rounds, tmp, slice_ms):
     """One load run against both servers, the schedule cut into turns of `slice_ms` that go to
     them in turn (loadgen with two --addr), each measured for ROUNDS x DURATION seconds: both
     sides see the same moments of the machine."""
-    conns = shape(http)
     paths = [os.path.join(tmp, f"l{side}.bin") for side in (0, 1)]
     before = [cpu_and_switches(proc.pid) for proc, _, _ in servers]
-    out = subprocess.run(
-        [f"{BIN}/loadgen", "--http", str(http), *conns,
-         *[a for proc, port, ca in servers for a in ("--addr", f"127.0.0.1:{port}", "--ca", ca)],
-         *[a for path in paths for a in ("--latencies", path)],
-         "--slice-ms", str(slice_ms), *os.environ.get("LOADGEN_ARGS", "").split(),
-         "--rate", str(rate), "--duration", str(2 * rounds * DURATION), "--warmup", str(WARMUP)],
-        capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec()).stdout
-    reports = [json.loads(line) for line in out.strip().splitlines()[-2:]]
+    reports = loadgen(http, [
+        *addresses(servers), *[a for path in paths for a in ("--latencies", path)],
+        "--slice-ms", str(slice_ms), *os.environ.get("LOADGEN_ARGS", "").split(),
+        "--rate", str(rate), "--duration", str(2 * rounds * DURATION), "--warmup", str(WARMUP)])[-2:]
     # Requests each server was sent: loadgen rounds the warm-up and the measured time up to
     # whole rounds of turns (a turn each), and gives each server half.
     per_round = 2 * max(1, round(rate * slice_ms / 1e3))
@@ -274,30 +283,6 @@ def ladder(http, rate, trials, rounds, spins):
 GOAL_SHARE, GOAL_SECONDS, GOAL_TURN_MS = 0.4, 60, 1000
 
 
-def loadgen(http, args):
-    """One loadgen run (its own flags after the shape of `http`); its report lines."""
-    conns = shape(http)
-    out = subprocess.run(
-        [f"{BIN}/loadgen", "--http", str(http), *conns, *args],
-        capture_output=True, text=True, check=True, preexec_fn=loadgen_preexec(),
-        timeout=4 * GOAL_SECONDS + 60).stdout
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-
-
-def start_webhook(port, tmp, args):
-    """`start("webhook", ...)` with `args` as its WEBHOOK_ARGS (the caller's are left as they
-    were)."""
-    saved = os.environ.get("WEBHOOK_ARGS")
-    os.environ["WEBHOOK_ARGS"] = args
-    try:
-        return start("webhook", port, tmp)
-    finally:
-        if saved is None:
-            del os.environ["WEBHOOK_ARGS"]
-        else:
-            os.environ["WEBHOOK_ARGS"] = saved
-
-
 def goal(http, trials):
     """`make bench`'s p99 goal, judged TRIALS times, each at 0.4 of the ceiling's closed-loop
     rate measured just before it (see the module's doc)."""
@@ -306,19 +291,19 @@ def goal(http, trials):
         with tempfile.TemporaryDirectory() as tmp:
             servers = []
             try:
-                servers.append(start_webhook(19500, tmp, "--memo-entries 0"))
+                servers.append(start("webhook", 19500, tmp, webhook_args="--memo-entries 0"))
                 servers.append(start("ceiling", 19510, tmp))
-                servers.append(start_webhook(19520, tmp, ""))
-                _, port, ca = servers[1]
-                closed = [loadgen(http, ["--addr", f"127.0.0.1:{port}", "--ca", ca,
-                                         "--duration", str(DURATION), "--warmup", str(WARMUP)])[-1]["rps"]
+                servers.append(start("webhook", 19520, tmp, webhook_args=""))
+                bound = 4 * GOAL_SECONDS + 60
+                closed = [loadgen(http, [*addresses(servers[1:2]), "--duration", str(DURATION),
+                                         "--warmup", str(WARMUP)], bound)[-1]["rps"]
                           for _ in range(2)]
                 rate = round(GOAL_SHARE * max(closed))
                 load = [os.getloadavg()[0]]
                 reports = loadgen(http, [
-                    *[a for _, port, ca in servers for a in ("--addr", f"127.0.0.1:{port}", "--ca", ca)],
-                    "--slice-ms", str(GOAL_TURN_MS), "--duration", str(GOAL_SECONDS * len(servers)),
-                    "--warmup", str(WARMUP), "--rate", str(rate)])[-len(servers):]
+                    *addresses(servers), "--slice-ms", str(GOAL_TURN_MS),
+                    "--duration", str(GOAL_SECONDS * len(servers)), "--warmup", str(WARMUP),
+                    "--rate", str(rate)], bound)[-len(servers):]
                 load.append(os.getloadavg()[0])
             finally:
                 for proc, _, _ in servers:
