@@ -700,3 +700,139 @@ fn outdated_fails_clearly_without_a_cluster() {
     );
     assert!(out.stdout.is_empty());
 }
+
+// === export ===
+
+/// The e2e suite's policy configuration: templates that can be written as CEL.
+fn policy_config() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("e2e/policy/config.yaml")
+        .display()
+        .to_string()
+}
+
+fn yaml_documents(text: &str) -> Vec<Value> {
+    split_documents(text)
+        .into_iter()
+        .map(|d| serde_saphyr::from_str::<Value>(d).expect("a YAML document"))
+        .collect()
+}
+
+fn kinds(docs: &[Value]) -> Vec<String> {
+    docs.iter()
+        .map(|d| {
+            format!(
+                "{} {}",
+                d["kind"].as_str().unwrap_or(""),
+                d["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn export_mutating_writes_a_policy_and_bindings_per_template() {
+    let out = run(&["export", "mutating", "--config", &policy_config()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_documents(&stdout(&out));
+    assert_eq!(
+        kinds(&docs),
+        [
+            "MutatingAdmissionPolicy sidecar-injector-log-shipper",
+            "MutatingAdmissionPolicyBinding sidecar-injector-log-shipper",
+            "MutatingAdmissionPolicyBinding sidecar-injector-log-shipper-namespace",
+            "MutatingAdmissionPolicy sidecar-injector-mesh-agent",
+            "MutatingAdmissionPolicyBinding sidecar-injector-mesh-agent",
+            "MutatingAdmissionPolicyBinding sidecar-injector-mesh-agent-namespace",
+        ]
+    );
+    for d in &docs {
+        assert_eq!(d["apiVersion"], "admissionregistration.k8s.io/v1");
+    }
+    assert_eq!(docs[0]["spec"]["reinvocationPolicy"], "IfNeeded");
+    // Every byte of the export is reviewed as a diff when it changes.
+    insta::assert_snapshot!("export_mutating_policy_config", stdout(&out));
+    let beta = run(&[
+        "export",
+        "mutating",
+        "--api-version",
+        "v1beta1",
+        "--config",
+        &policy_config(),
+    ]);
+    assert!(beta.status.success(), "{}", stderr(&beta));
+    for d in yaml_documents(&stdout(&beta)) {
+        assert_eq!(d["apiVersion"], "admissionregistration.k8s.io/v1beta1");
+    }
+}
+
+#[test]
+fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
+    let out = run(&["export", "backstop"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_documents(&stdout(&out));
+    assert_eq!(
+        kinds(&docs),
+        [
+            "ValidatingAdmissionPolicy sidecar-injector-backstop",
+            "ValidatingAdmissionPolicyBinding sidecar-injector-backstop",
+            "ValidatingAdmissionPolicyBinding sidecar-injector-backstop-namespace",
+        ]
+    );
+    // The injector's own namespace is never matched, so its pods start while it is down.
+    let excluded =
+        &docs[0]["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"][0]["values"];
+    assert!(
+        excluded
+            .as_array()
+            .is_some_and(|v| v.iter().any(|n| n == OWN_NAMESPACE)),
+        "{excluded}"
+    );
+    assert_eq!(docs[1]["spec"]["validationActions"][0], "Deny");
+    insta::assert_snapshot!("export_backstop_bundled", stdout(&out));
+}
+
+#[test]
+fn export_refuses_the_bundled_proxy_with_its_lines_and_writes_nothing() {
+    let out = run(&["export", "mutating"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "nothing is written: {}",
+        stdout(&out)
+    );
+    let err = stderr(&out);
+    for needle in [
+        "proxy.yaml.j2: line 17: `pod.spec.containers`: a loop over a value read from the pod",
+        "proxy.yaml.j2: it declares per-pod overrides",
+    ] {
+        assert!(err.contains(needle), "{needle:?} in {err}");
+    }
+    assert!(
+        !err.contains("log-shipper.yaml.j2"),
+        "the log shipper exports: {err}"
+    );
+}
+
+#[test]
+fn export_refuses_another_revision_and_an_empty_configuration() {
+    let out = run(&["export", "backstop", "--revision", "canary"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert!(
+        stderr(&out).contains("not revision \"canary\""),
+        "{}",
+        stderr(&out)
+    );
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("none")).expect("templates dir");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "templatesDir: none\n").expect("config");
+    for kind in ["backstop", "mutating"] {
+        let out = run(&["export", kind, "--config", &config.display().to_string()]);
+        assert_eq!(out.status.code(), Some(1), "{kind}");
+        assert!(out.stdout.is_empty());
+        assert!(stderr(&out).contains("no templates"), "{}", stderr(&out));
+    }
+}

@@ -16,7 +16,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::engine::inject::Entry;
 use crate::engine::review::Webhook;
-use crate::engine::{explain, manifest, review};
+use crate::engine::{explain, manifest, policy, review};
 use crate::load::ConfigArg;
 use stdio::{read_input, read_text, write_stdout};
 
@@ -67,6 +67,83 @@ pub enum Command {
     /// The cluster is the one KUBECONFIG (or ~/.kube/config) names, or the pod's own service
     /// account when run in a cluster.
     Outdated(outdated::OutdatedArgs),
+    /// Export the configuration as admission policies the API server runs by itself (CEL, no
+    /// webhook call): a ValidatingAdmissionPolicy that refuses opted-in pods the injector did
+    /// not reach (`backstop`), or a MutatingAdmissionPolicy per template that injects without
+    /// the injector (`mutating`). YAML on standard output, for `kubectl apply -f -`.
+    ///
+    /// A template that cannot be written as CEL (a loop or condition on the pod, per-pod
+    /// overrides, reading the pod's spec) is refused with its line and the reason; nothing is
+    /// written and the exit status is 1.
+    Export(ExportArgs),
+}
+
+/// What `export` writes.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ExportKind {
+    /// ValidatingAdmissionPolicy + binding (admissionregistration.k8s.io/v1, Kubernetes 1.30+).
+    Backstop,
+    /// MutatingAdmissionPolicy + binding per template (v1: Kubernetes 1.36+).
+    Mutating,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// What to export.
+    #[arg(value_enum)]
+    pub kind: ExportKind,
+    /// API version of the MutatingAdmissionPolicy: v1 (Kubernetes 1.36+) or v1beta1
+    /// (1.34-1.35 with the MutatingAdmissionPolicy feature gate and
+    /// --runtime-config=admissionregistration.k8s.io/v1beta1=true).
+    #[arg(long, env = "SIDECAR_INJECTOR_MUTATING_API_VERSION", default_value = "v1", value_parser = ["v1", "v1beta1"])]
+    pub api_version: String,
+    /// The revision the policies are for; refused unless it is the configuration's (empty:
+    /// the default revision). Without it, the configuration's.
+    #[arg(long, env = "SIDECAR_INJECTOR_REVISION")]
+    pub revision: Option<String>,
+    /// Also select the pods of namespaces labelled `<injectLabel>: enabled` (a second binding),
+    /// as the chart's `webhook.namespaceOptIn.enabled` does.
+    #[arg(long, env = "SIDECAR_INJECTOR_NAMESPACE_OPT_IN", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub namespace_opt_in: bool,
+    /// Leave namespaces labelled `<this>: "true"` alone, as the chart's `webhook.disabledLabel`.
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_DISABLED_LABEL",
+        default_value = "sidecar-injector.io/disabled"
+    )]
+    pub disabled_label: String,
+    #[command(flatten)]
+    pub config: ConfigArg,
+}
+
+impl ExportArgs {
+    fn run(self) -> anyhow::Result<()> {
+        let Self {
+            kind,
+            api_version,
+            revision,
+            namespace_opt_in,
+            disabled_label,
+            config,
+        } = self;
+        let inj = config.load()?;
+        policy::check_revision(&inj, revision.as_deref())?;
+        let selection = policy::Selection {
+            namespace_opt_in,
+            disabled_label,
+        };
+        let docs = match kind {
+            ExportKind::Backstop => policy::backstop(&inj, &selection)?,
+            ExportKind::Mutating => {
+                let version = match api_version.as_str() {
+                    "v1beta1" => policy::MutatingVersion::V1beta1,
+                    _ => policy::MutatingVersion::V1,
+                };
+                policy::mutating(&inj, &selection, version)?
+            }
+        };
+        write_stdout(policy::to_yaml(&docs)?.as_bytes())
+    }
 }
 
 /// What `inject` and `explain` read.
@@ -140,6 +217,7 @@ impl Cli {
                 }
                 Ok(())
             }
+            Command::Export(args) => args.run(),
             Command::Explain(args) => {
                 let inj = args.config.load()?;
                 write_stdout(

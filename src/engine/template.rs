@@ -415,6 +415,8 @@ struct Entry {
     declared: Declared,
     /// Its overrides when the pod sets none (checked once, at load).
     defaults: Overrides<'static>,
+    /// Its source (the policy exporter reads its syntax tree).
+    source: String,
 }
 
 /// A template's overrides for one pod: the checked values, and their JSON, which is part of
@@ -534,6 +536,20 @@ impl std::fmt::Debug for TemplateSet {
     }
 }
 
+/// The plainest pod a template must render for.
+fn bare_sample() -> PodContext<'static> {
+    PodContext {
+        name: "example",
+        generate_name: "",
+        namespace: "default",
+        labels: BTreeMap::new(),
+        annotations: BTreeMap::new(),
+        service_account: "default",
+        spec: serde_json::json!({"containers": [{"name": "app", "image": "example:1"}]}),
+        owner: Owner::default(),
+    }
+}
+
 fn file_name(name: &str) -> String {
     format!("{name}{TEMPLATE_SUFFIX}")
 }
@@ -615,6 +631,7 @@ impl TemplateSet {
                 reads: reads_of(&template, &source),
                 declared: header,
                 defaults: Overrides::owned(defaults),
+                source: source.clone(),
             };
             templates.insert(name, entry);
         }
@@ -633,16 +650,7 @@ impl TemplateSet {
     /// owner. Both must render; container names must be unique; and what [`Owned`] records
     /// must not differ between the two, since the context leaves it out by name.
     fn check_samples(&self) -> Result<Owned, TemplateError> {
-        let bare = PodContext {
-            name: "example",
-            generate_name: "",
-            namespace: "default",
-            labels: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-            service_account: "default",
-            spec: serde_json::json!({"containers": [{"name": "app", "image": "example:1"}]}),
-            owner: Owner::default(),
-        };
+        let bare = bare_sample();
         let busy = PodContext {
             name: "",
             generate_name: "web-7d4b9c-",
@@ -727,6 +735,17 @@ impl TemplateSet {
         Ok(owned)
     }
 
+    /// Template `name` rendered for the bare sample pod with its default overrides (what the
+    /// policy exporter's backstop reads of a template it cannot read for every pod).
+    pub fn sample(&self, name: &str) -> Result<Arc<Fragment>, TemplateError> {
+        let none = Overrides::owned(BTreeMap::new());
+        let defaults = self
+            .templates
+            .get(name)
+            .map_or(none.borrowed(), |t| t.defaults.borrowed());
+        self.render(name, &bare_sample(), &defaults)
+    }
+
     /// What template `name` reads of the pod context; everything for an unknown name.
     pub fn reads(&self, name: &str) -> &Reads {
         static ALL: Reads = Reads {
@@ -795,6 +814,38 @@ impl TemplateSet {
             Some(t) => t.injection.clone(),
             None => (name.into(), "".into()),
         }
+    }
+
+    /// Template `name`'s source, as it was compiled.
+    pub fn source(&self, name: &str) -> Option<&str> {
+        self.templates.get(name).map(|t| t.source.as_str())
+    }
+
+    /// Renders a source of the caller's (a template rewritten by the policy exporter) with
+    /// this set's environment and `values` only, and reads it as a fragment: no pod, no
+    /// overrides, nothing cached.
+    pub fn render_source(&self, name: &str, source: &str) -> Result<Fragment, TemplateError> {
+        let file = file_name(name);
+        let text = self
+            .env
+            .render_str(
+                source,
+                minijinja::context! { values => self.values.clone() },
+            )
+            .map_err(|e| TemplateError::Render {
+                file,
+                detail: describe(&e),
+            })?;
+        self.read_fragment(name, &text)
+    }
+
+    /// Evaluates an expression that reads nothing of the pod (only `values`), for the policy
+    /// exporter.
+    pub fn evaluate(&self, expression: &str) -> Result<Value, String> {
+        self.env
+            .compile_expression(expression)
+            .and_then(|e| e.eval(minijinja::context! { values => self.values.clone() }))
+            .map_err(|e| describe(&e))
     }
 
     /// Renders one template for a pod, with its checked overrides ([`Self::overrides_for`]).

@@ -1,0 +1,174 @@
+//! Writing CEL: literals, the fragment's values as typed object constructions, and the
+//! expressions both policies share (who is opted in, which templates a pod asks for).
+//!
+//! The API server's CEL checks that list and map literals are homogeneous, so a container
+//! cannot be a map literal: objects are written as `Object.spec.containers{...}`, their type
+//! named by their path in the pod, and only string-to-string fields (resources, labels) as
+//! maps.
+
+use serde_json::Value;
+
+use crate::engine::config::Injector;
+use crate::engine::policy::symbolic::pieces;
+
+/// A CEL string literal.
+pub fn string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32))
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A list of strings.
+pub fn strings<'s>(items: impl IntoIterator<Item = &'s str>) -> String {
+    let items: Vec<String> = items.into_iter().map(string).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// A string of the fragment: literal text, with each marker's expression joined in.
+pub fn text(s: &str, exprs: &[String]) -> Result<String, String> {
+    let parts: Vec<String> = pieces(s)
+        .into_iter()
+        .map(|p| match p {
+            Ok(lit) => Ok(string(lit)),
+            Err(n) => exprs
+                .get(n)
+                .map(|e| format!("({e})"))
+                .ok_or_else(|| format!("marker {n} has no expression")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(match parts.len() {
+        1 => parts.into_iter().next().unwrap_or_default(),
+        _ => format!("({})", parts.join(" + ")),
+    })
+}
+
+/// Fields of the pod's types whose values are maps of strings, not objects.
+const STRING_MAPS: &[&str] = &[
+    "limits",
+    "requests",
+    "labels",
+    "annotations",
+    "nodeSelector",
+    "volumeAttributes",
+];
+
+/// A value of the fragment, of the object type `ty` (e.g. `Object.spec.containers`) where it
+/// is an object.
+pub fn value(v: &Value, ty: &str, exprs: &[String]) -> Result<String, String> {
+    Ok(match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+        Value::Number(n) => return Err(format!("the number {n} is not an integer")),
+        Value::String(s) => text(s, exprs)?,
+        Value::Array(items) => {
+            let items: Vec<String> = items
+                .iter()
+                .map(|i| value(i, ty, exprs))
+                .collect::<Result<_, _>>()?;
+            format!("[{}]", items.join(", "))
+        }
+        Value::Object(fields) => {
+            let last = ty.rsplit('.').next().unwrap_or("");
+            if STRING_MAPS.contains(&last) {
+                let entries: Vec<String> = fields
+                    .iter()
+                    .map(|(k, v)| match v {
+                        Value::String(s) => Ok(format!("{}: {}", string(k), text(s, exprs)?)),
+                        other => Err(format!("{last}.{k} is {other}, not a string")),
+                    })
+                    .collect::<Result<_, _>>()?;
+                format!("{{{}}}", entries.join(", "))
+            } else {
+                let entries: Vec<String> = fields
+                    .iter()
+                    .map(|(k, v)| Ok(format!("{k}: {}", value(v, &format!("{ty}.{k}"), exprs)?)))
+                    .collect::<Result<_, String>>()?;
+                format!("{ty}{{{}}}", entries.join(", "))
+            }
+        }
+    })
+}
+
+/// A JSON pointer token.
+pub fn pointer_token(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
+
+/// `object.metadata.<map>[key]`, or "" when absent.
+pub fn meta(map: &str, key: &str) -> String {
+    let k = string(key);
+    format!(
+        "((has(object.metadata.{map}) && {k} in object.metadata.{map}) ? object.metadata.{map}[{k}] : \"\")"
+    )
+}
+
+/// Whether the pod is one the injector never touches: an excluded namespace, or `hostNetwork`
+/// when it is skipped. (Windows is per template.)
+pub fn not_skipped(inj: &Injector) -> Vec<(&'static str, String)> {
+    let mut out = vec![(
+        "not-excluded-namespace",
+        format!(
+            "!(request.namespace in {})",
+            strings(excluded(inj).iter().map(String::as_str))
+        ),
+    )];
+    if inj.config.skip.host_network {
+        out.push((
+            "not-host-network",
+            "!(has(object.spec) && has(object.spec.hostNetwork) && object.spec.hostNetwork)".into(),
+        ));
+    }
+    out
+}
+
+/// Excluded namespaces, the injector's own included, sorted.
+pub fn excluded(inj: &Injector) -> Vec<String> {
+    let mut all: Vec<String> = inj.config.excluded_namespaces.clone();
+    if let Some(own) = &inj.own_namespace {
+        all.push(own.clone());
+    }
+    all.sort();
+    all.dedup();
+    all
+}
+
+/// Whether the pod is a Windows pod, as the webhook tells.
+pub const WINDOWS: &str = "(has(object.spec) && ((has(object.spec.os) && has(object.spec.os.name) && object.spec.os.name == \"windows\") || (has(object.spec.nodeSelector) && \"kubernetes.io/os\" in object.spec.nodeSelector && object.spec.nodeSelector[\"kubernetes.io/os\"] == \"windows\")))";
+
+/// The names of the templates the pod asks for (its annotation, trimmed, empty names left
+/// out, each once; or the configured defaults), in order.
+pub fn asked(inj: &Injector) -> String {
+    let cfg = &inj.config;
+    let key = string(&cfg.templates_annotation);
+    format!(
+        "((has(object.metadata.annotations) && {key} in object.metadata.annotations) ? object.metadata.annotations[{key}].split(\",\").map(n, n.trim()).filter(n, n != \"\").distinct() : {})",
+        strings(cfg.default_templates.iter().map(String::as_str))
+    )
+}
+
+/// Of `asked` (a CEL list), the templates injected: all, but on a Windows pod only those that
+/// support Windows when Windows pods are skipped.
+pub fn injected(inj: &Injector, asked: &str, windows_ok: &[&str]) -> String {
+    if !inj.config.skip.windows {
+        return asked.to_owned();
+    }
+    format!(
+        "({WINDOWS} ? {asked}.filter(t, t in {}) : {asked})",
+        strings(windows_ok.iter().copied())
+    )
+}
