@@ -6,7 +6,7 @@
 # shellcheck source=control-plane/lib.sh
 . "$(dirname -- "${BASH_SOURCE[0]}")/control-plane/lib.sh"
 
-E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios)
+E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy)
 # An opted-in pod for server-side dry-run probes (pause image: nothing pulls it).
 # shellcheck disable=SC2034 # used by the scripts that source this file
 E2E_PROBE_POD='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"probe","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"app","image":"registry.k8s.io/pause:3.10"}]}}'

@@ -731,19 +731,16 @@ fn kinds(docs: &[Value]) -> Vec<String> {
 }
 
 #[test]
-fn export_mutating_writes_a_policy_and_bindings_per_template() {
+fn export_mutating_writes_one_policy_and_a_binding_per_opt_in_rule() {
     let out = run(&["export", "mutating", "--config", &policy_config()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let docs = yaml_documents(&stdout(&out));
     assert_eq!(
         kinds(&docs),
         [
-            "MutatingAdmissionPolicy sidecar-injector-log-shipper",
-            "MutatingAdmissionPolicyBinding sidecar-injector-log-shipper",
-            "MutatingAdmissionPolicyBinding sidecar-injector-log-shipper-namespace",
-            "MutatingAdmissionPolicy sidecar-injector-mesh-agent",
-            "MutatingAdmissionPolicyBinding sidecar-injector-mesh-agent",
-            "MutatingAdmissionPolicyBinding sidecar-injector-mesh-agent-namespace",
+            "MutatingAdmissionPolicy sidecar-injector",
+            "MutatingAdmissionPolicyBinding sidecar-injector",
+            "MutatingAdmissionPolicyBinding sidecar-injector-namespace",
         ]
     );
     for d in &docs {

@@ -259,6 +259,14 @@ fi
 if [[ -n "$ADMISSION_PLUGINS" ]]; then
   APISERVER_NODE_FLAGS+=(--enable-admission-plugins="$ADMISSION_PLUGINS")
 fi
+# MutatingAdmissionPolicy is GA (admissionregistration.k8s.io/v1, on by default) from 1.36;
+# on 1.34-1.35 it is beta, off unless its feature gate and API version are turned on, which the
+# policy scenarios (e2e/tests/policy.rs) need.
+API_MINOR=$("$BIN_DIR/kube-apiserver" --version | sed -n 's/^Kubernetes v1\.\([0-9]*\)\..*/\1/p')
+if [[ -n "$API_MINOR" ]] && ((API_MINOR >= 34 && API_MINOR <= 35)); then
+  APISERVER_NODE_FLAGS+=(--feature-gates=MutatingAdmissionPolicy=true
+    --runtime-config=admissionregistration.k8s.io/v1beta1=true)
+fi
 # Default admission plugins stay on (MutatingAdmissionWebhook, ValidatingAdmissionWebhook,
 # ...); --enable-admission-plugins only adds. Never pass an empty --admission-control.
 start kube-apiserver "$BIN_DIR/kube-apiserver" \

@@ -91,7 +91,7 @@ bash "$REPO/tools/install.sh"
 . "$REPO/tools/env.sh"
 command -v helm >/dev/null || die "helm is missing after tools/install.sh"
 command -v kubectl >/dev/null || die "kubectl is missing after tools/install.sh"
-E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test node)
+E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
 TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
 ((TOTAL > 0)) || die "no scenario found"
 

@@ -52,7 +52,7 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   "$CARGO" build --release --bin sidecar-injector
   "$CARGO" build --bin sidecar-injector
   TARGET_DIR=$(e2e_target_dir "$CARGO") || exit 1
-  E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test node)
+  E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
   TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
   WORKDIR=$(mktemp -d -t sidecar-injector-node.XXXXXX)
   log "WORKDIR $WORKDIR"
@@ -81,7 +81,7 @@ fi
 
 # ======================================================================== inside
 : "${WORKDIR:?}" "${BIN_DIR:?}" "${TARGET_DIR:?}" "${TOTAL:?}"
-E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test node)
+E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
 PASSED=0
 FAILED=0
 cleanup() {

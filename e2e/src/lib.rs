@@ -13,6 +13,8 @@
 //! - [`metrics`]: the apiserver's own admission metrics.
 //! - [`adder`]: a second mutating webhook, served from the test binary, that adds a container.
 //! - [`outdated`]: running `sidecar-injector outdated`; changing the running server's template.
+//! - [`policies`]: the admission policies `sidecar-injector export` writes, installed for a
+//!   scenario, and a second server serving their configuration.
 
 pub mod adder;
 pub mod audit;
@@ -22,6 +24,7 @@ pub mod metrics;
 pub mod node;
 pub mod outdated;
 pub mod pods;
+pub mod policies;
 pub mod webhooks;
 
 use std::future::Future;

@@ -464,7 +464,10 @@ fn export_hash(all: &[(String, Symbolic)]) -> String {
     format!("policy-{hex}")
 }
 
-/// A MutatingAdmissionPolicy and its binding per template.
+/// The MutatingAdmissionPolicy and its bindings: one policy for every template, so that what
+/// it adds comes in the order the webhook adds it (the templates in the order the pod asks for
+/// them), whatever the API server's order of policies; a policy per template could only be
+/// ordered by name.
 pub fn mutating(
     inj: &Injector,
     sel: &Selection,
@@ -481,194 +484,194 @@ pub fn mutating(
     let fragments: Vec<(String, &Fragment)> =
         all.iter().map(|(n, s)| (n.clone(), &s.fragment)).collect();
     let hash = export_hash(&all);
-    let mut docs = Vec::new();
-    for (name, s) in &all {
-        let t = cel::string(name);
-        let f = &s.fragment;
-        let v = |value: &Value, ty: &str| -> Result<String, ExportError> {
-            cel::value(value, ty, &s.exprs).map_err(|reason| {
-                ExportError::Refused(vec![(
-                    name.clone(),
-                    Refusal {
-                        line: 0,
-                        construct: String::new(),
-                        reason,
-                    },
-                )])
-            })
-        };
-        let json = serde_json::to_value(f).unwrap_or_default();
-        let field = |k: &str| -> Vec<Value> {
-            json.get(k)
+    let sidecars = sidecars_by_template(&fragments);
+
+    // Per template, the items of one field, as CEL (objects typed by `ty`).
+    let by_template = |field: &str, ty: &str| -> Result<Option<String>, ExportError> {
+        let mut entries = Vec::new();
+        for (name, s) in &all {
+            let json = serde_json::to_value(&s.fragment).unwrap_or_default();
+            let items = json
+                .get(field)
                 .and_then(Value::as_array)
                 .cloned()
-                .unwrap_or_default()
-        };
-        let sidecars = sidecars_by_template(&fragments);
-        let mut variables = vec![
-            json!({"name": "asked", "expression": cel::asked(inj)}),
-            json!({"name": "injected", "expression": cel::injected(inj, "variables.asked", &windows_ok)}),
-            json!({"name": "names", "expression": "object.spec.containers.map(c, c.name) + (has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : [])"}),
-            json!({"name": "sidecars", "expression": format!("variables.injected.map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}),
-        ];
-        let mut ops = Vec::new();
-        // Object-typed values (`Object.spec...{}`) exist only in the patch expression itself,
-        // not in variables: each item is written once, guarded by a test on its name.
-        //
-        // Mounts and env first, on the indices the containers have now (before any container
-        // is inserted), for every application container (not a sidecar of the templates
-        // injected). A list the container lacks is created empty, then appended to.
-        let mounts = field("volumeMounts");
-        let env = field("env");
-        if !mounts.is_empty() || !env.is_empty() {
-            let mut per = Vec::new();
-            for (items, key, ty) in [
-                (
-                    &mounts,
-                    "volumeMounts",
-                    "Object.spec.containers.volumeMounts",
-                ),
-                (&env, "env", "Object.spec.containers.env"),
-            ] {
-                if items.is_empty() {
-                    continue;
-                }
-                let path = format!("\"/spec/containers/\" + string(i) + \"/{key}\"");
-                per.push(format!(
-                    "(has(c.{key}) ? [] : [JSONPatch{{op: \"add\", path: {path}, value: []}}])"
-                ));
-                for item in items {
-                    let name = cel::string(item.get("name").and_then(Value::as_str).unwrap_or(""));
-                    let same = match key {
-                        "volumeMounts" => format!(
-                            "x.name == {name} || x.mountPath == {}",
-                            cel::string(
-                                item.get("mountPath").and_then(Value::as_str).unwrap_or("")
-                            )
-                        ),
-                        _ => format!("x.name == {name}"),
-                    };
-                    per.push(format!(
-                        "((has(c.{key}) && c.{key}.exists(x, {same})) ? [] : [JSONPatch{{op: \"add\", path: {path} + \"/-\", value: {}}}])",
-                        v(item, ty)?
-                    ));
-                }
-            }
-            ops.push(format!(
-                "object.spec.containers.transformList(i, c, !(c.name in variables.sidecars), {}).flatten()",
-                per.join("\n    + ")
-            ));
-        }
-        // Containers: before the sidecars of the templates the pod asks for after this one, so
-        // that the order is the webhook's whatever order the policies run in. Each is inserted
-        // at the same index, the last first.
-        let containers = field("containers");
-        if !containers.is_empty() {
-            variables.push(json!({"name": "after", "expression": format!("variables.injected.filter(t, variables.injected.indexOf(t) > variables.injected.indexOf({t})).map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}));
-            variables.push(json!({"name": "containerIndex", "expression": "string(size(object.spec.containers) - object.spec.containers.filter(c, c.name in variables.after).size())"}));
-            for c in containers.iter().rev() {
-                let name = cel::string(c.get("name").and_then(Value::as_str).unwrap_or(""));
-                ops.push(format!(
-                    "({name} in variables.names ? [] : [JSONPatch{{op: \"add\", path: \"/spec/containers/\" + variables.containerIndex, value: {}}}])",
-                    v(c, "Object.spec.containers")?
-                ));
-            }
-        }
-        // Init containers: after those of the templates asked for before this one, before the
-        // pod's own.
-        let inits = field("initContainers");
-        if !inits.is_empty() {
-            let names: Vec<&str> = inits
-                .iter()
-                .map(|c| c.get("name").and_then(Value::as_str).unwrap_or(""))
-                .collect();
-            variables.push(json!({"name": "before", "expression": format!("variables.injected.filter(t, variables.injected.indexOf(t) < variables.injected.indexOf({t})).map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}));
-            variables.push(json!({"name": "initIndex", "expression": "has(object.spec.initContainers) ? string(object.spec.initContainers.filter(c, c.name in variables.before).size()) : \"0\""}));
-            ops.push(format!(
-                "((has(object.spec.initContainers) || {}.all(n, n in variables.names)) ? [] : [JSONPatch{{op: \"add\", path: \"/spec/initContainers\", value: []}}])",
-                cel::strings(names.iter().copied())
-            ));
-            for c in inits.iter().rev() {
-                let name = cel::string(c.get("name").and_then(Value::as_str).unwrap_or(""));
-                ops.push(format!(
-                    "({name} in variables.names ? [] : [JSONPatch{{op: \"add\", path: \"/spec/initContainers/\" + variables.initIndex, value: {}}}])",
-                    v(c, "Object.spec.initContainers")?
-                ));
-            }
-        }
-        for (key, ty) in [
-            ("volumes", "Object.spec.volumes"),
-            ("imagePullSecrets", "Object.spec.imagePullSecrets"),
-        ] {
-            let items = field(key);
+                .unwrap_or_default();
             if items.is_empty() {
                 continue;
             }
-            ops.push(format!(
-                "(has(object.spec.{key}) ? [] : [JSONPatch{{op: \"add\", path: \"/spec/{key}\", value: []}}])"
+            let items: Vec<String> = items
+                .iter()
+                .map(|i| cel::value(i, ty, &s.exprs).map_err(|r| refused(name, r)))
+                .collect::<Result<_, _>>()?;
+            entries.push(format!("{}: [{}]", cel::string(name), items.join(", ")));
+        }
+        Ok((!entries.is_empty()).then(|| format!("{{{}}}", entries.join(",\n  "))))
+    };
+    // The items of the templates injected, in their order, each once (the first of a name).
+    let in_order = |map: &str, same: &str, absent: &str| {
+        format!(
+            "[variables.injected.map(t, t in {map} ? {map}[t] : []).flatten()].map(all, all.transformList(j, m, !({absent}) && !all.slice(0, j).exists(y, {same}), m))[0]"
+        )
+    };
+    let mut ops = Vec::new();
+    // Mounts and env, for every application container (not a sidecar of the templates
+    // injected): what it lacks, in template order, appended (or the list created).
+    let mut per = Vec::new();
+    for (field, ty, same, has) in [
+        (
+            "volumeMounts",
+            "Object.spec.containers.volumeMounts",
+            "y.name == m.name || y.mountPath == m.mountPath",
+            "has(c.volumeMounts) && c.volumeMounts.exists(y, y.name == m.name || y.mountPath == m.mountPath)",
+        ),
+        (
+            "env",
+            "Object.spec.containers.env",
+            "y.name == m.name",
+            "has(c.env) && c.env.exists(y, y.name == m.name)",
+        ),
+    ] {
+        if let Some(map) = by_template(field, ty)? {
+            let new = in_order(&map, same, has);
+            per.push(format!(
+                "[{new}].map(new, new.size() == 0 ? [] : (has(c.{field}) ? new.map(m, JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(i) + \"/{field}/-\", value: m}}) : [JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(i) + \"/{field}\", value: new}}]))[0]"
             ));
-            for item in &items {
-                let name = cel::string(item.get("name").and_then(Value::as_str).unwrap_or(""));
-                ops.push(format!(
-                    "((has(object.spec.{key}) && object.spec.{key}.exists(y, y.name == {name})) ? [] : [JSONPatch{{op: \"add\", path: \"/spec/{key}/-\", value: {}}}])",
-                    v(item, ty)?
-                ));
+        }
+    }
+    if !per.is_empty() {
+        ops.push(format!(
+            "object.spec.containers.transformList(i, c, !(c.name in variables.sidecars), {}).flatten()",
+            per.join("\n    + ")
+        ));
+    }
+    // Sidecar containers, appended in template order.
+    if let Some(map) = by_template("containers", "Object.spec.containers")? {
+        let new = in_order(&map, "y.name == m.name", "m.name in variables.names");
+        ops.push(format!(
+            "{new}.map(s, JSONPatch{{op: \"add\", path: \"/spec/containers/-\", value: s}})"
+        ));
+    }
+    // Init containers, in template order, before the pod's own.
+    if let Some(map) = by_template("initContainers", "Object.spec.initContainers")? {
+        let new = in_order(&map, "y.name == m.name", "m.name in variables.names");
+        ops.push(format!(
+            "[{new}].map(new, new.size() == 0 ? [] : (has(object.spec.initContainers) ? new.transformList(k, s, JSONPatch{{op: \"add\", path: \"/spec/initContainers/\" + string(k), value: s}}) : [JSONPatch{{op: \"add\", path: \"/spec/initContainers\", value: new}}]))[0]"
+        ));
+    }
+    for (field, ty) in [
+        ("volumes", "Object.spec.volumes"),
+        ("imagePullSecrets", "Object.spec.imagePullSecrets"),
+    ] {
+        if let Some(map) = by_template(field, ty)? {
+            let new = in_order(
+                &map,
+                "y.name == m.name",
+                &format!(
+                    "has(object.spec.{field}) && object.spec.{field}.exists(y, y.name == m.name)"
+                ),
+            );
+            ops.push(format!(
+                "[{new}].map(new, new.size() == 0 ? [] : (has(object.spec.{field}) ? new.map(x, JSONPatch{{op: \"add\", path: \"/spec/{field}/-\", value: x}}) : [JSONPatch{{op: \"add\", path: \"/spec/{field}\", value: new}}]))[0]"
+            ));
+        }
+    }
+    // Labels and annotations the templates set, where the pod has none of that key (the
+    // first template injected that sets a key gives its value), then the status.
+    let variables = vec![
+        json!({"name": "asked", "expression": cel::asked(inj)}),
+        json!({"name": "injected", "expression": cel::injected(inj, "variables.asked", &windows_ok)}),
+        json!({"name": "names", "expression": "object.spec.containers.map(c, c.name) + (has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : [])"}),
+        json!({"name": "sidecars", "expression": format!("variables.injected.map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}),
+        json!({"name": "status", "expression": status_expr(inj, &hash, owned)}),
+    ];
+    for map in ["labels", "annotations"] {
+        let mut keys: std::collections::BTreeMap<&str, Vec<(&str, String)>> = Default::default();
+        for (name, s) in &all {
+            let entries = match map {
+                "labels" => &s.fragment.labels,
+                _ => &s.fragment.annotations,
+            };
+            for (k, v) in entries {
+                if map == "annotations" && *k == cfg.status_annotation {
+                    continue;
+                }
+                let v = cel::text(v, &s.exprs).map_err(|r| refused(name, r))?;
+                keys.entry(k.as_str()).or_default().push((name.as_str(), v));
             }
         }
-        if !f.labels.is_empty() {
-            ops.push(meta_ops("labels", &f.labels, None, &s.exprs).map_err(|r| refused(name, r))?);
+        let mut each = Vec::new();
+        for (k, setters) in &keys {
+            let names = cel::strings(setters.iter().map(|(t, _)| *t));
+            let values: Vec<String> = setters
+                .iter()
+                .map(|(t, v)| format!("{}: {v}", cel::string(t)))
+                .collect();
+            each.push(format!(
+                "((variables.injected.exists(t, t in {names}) && !(has(object.metadata.{map}) && {key} in object.metadata.{map})) ? [JSONPatch{{op: \"add\", path: {path}, value: {{{values}}}[variables.injected.filter(t, t in {names})[0]]}}] : [])",
+                key = cel::string(k),
+                path = cel::string(&format!("/metadata/{map}/{}", cel::pointer_token(k))),
+                values = values.join(", "),
+            ));
         }
-        variables.push(json!({"name": "status", "expression": status_expr(inj, &hash, owned)}));
-        let annotations: std::collections::BTreeMap<String, String> = f
-            .annotations
-            .iter()
-            .filter(|(k, _)| **k != cfg.status_annotation)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let status_var = "variables.status".to_owned();
-        ops.push(
-            meta_ops(
-                "annotations",
-                &annotations,
-                Some((&cfg.status_annotation, &status_var)),
-                &s.exprs,
-            )
-            .map_err(|r| refused(name, r))?,
-        );
-        let mut match_conditions = conditions(inj);
-        match_conditions.push(json!({
-            "name": "known-templates",
-            "expression": format!("{}.all(n, n in {known})", cel::asked(inj)),
-        }));
-        match_conditions.push(json!({
-            "name": "injects-template",
-            "expression": format!("{t} in {}", cel::injected(inj, &cel::asked(inj), &windows_ok)),
-        }));
-        let policy_name = format!("{base}-{name}");
+        if map == "annotations" {
+            each.push(format!(
+                "((has(object.metadata.annotations) && {key} in object.metadata.annotations) ? [] : [JSONPatch{{op: \"add\", path: {path}, value: variables.status}}])",
+                key = cel::string(&cfg.status_annotation),
+                path = cel::string(&format!("/metadata/annotations/{}", cel::pointer_token(&cfg.status_annotation))),
+            ));
+        }
+        if each.is_empty() {
+            continue;
+        }
+        // A pod without the map gets an empty one first, when an entry follows: the status
+        // always does; a label only when a template that sets one is injected.
+        let setters = cel::strings(keys.values().flatten().map(|(t, _)| *t));
+        let create = match map {
+            "annotations" => format!("!has(object.metadata.{map})"),
+            _ => format!(
+                "!has(object.metadata.{map}) && variables.injected.exists(t, t in {setters})"
+            ),
+        };
+        ops.push(format!(
+            "(({create}) ? [JSONPatch{{op: \"add\", path: \"/metadata/{map}\", value: {{}}}}] : [])\n+ {}",
+            each.join("\n+ ")
+        ));
+    }
+    let mut match_conditions = conditions(inj);
+    match_conditions.push(json!({
+        "name": "known-templates",
+        "expression": format!("{}.all(n, n in {known})", cel::asked(inj)),
+    }));
+    match_conditions.push(json!({
+        "name": "injects-a-template",
+        "expression": format!("{}.size() > 0", cel::injected(inj, &cel::asked(inj), &windows_ok)),
+    }));
+    let mut docs = vec![json!({
+        "apiVersion": api,
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": base, "labels": labels(inj)},
+        "spec": {
+            // In-process: an error is a bug of the expressions; an opted-in pod is then refused
+            // rather than stored without its sidecars.
+            "failurePolicy": "Fail",
+            // Containers another webhook or policy adds after this one get the mounts and env.
+            "reinvocationPolicy": "IfNeeded",
+            "matchConstraints": match_constraints(inj, &["CREATE"]),
+            "matchConditions": match_conditions,
+            "variables": variables,
+            "mutations": [{
+                "patchType": "JSONPatch",
+                "jsonPatch": {"expression": ops.join("\n+ ")},
+            }],
+        },
+    })];
+    for (suffix, selectors) in bindings(inj, sel) {
         docs.push(json!({
             "apiVersion": api,
-            "kind": "MutatingAdmissionPolicy",
-            "metadata": {"name": policy_name, "labels": labels(inj)},
-            "spec": {
-                "failurePolicy": "Fail",
-                "reinvocationPolicy": "IfNeeded",
-                "matchConstraints": match_constraints(inj, &["CREATE"]),
-                "matchConditions": match_conditions,
-                "variables": variables,
-                "mutations": [{
-                    "patchType": "JSONPatch",
-                    "jsonPatch": {"expression": ops.join("\n+ ")},
-                }],
-            },
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": format!("{base}{suffix}"), "labels": labels(inj)},
+            "spec": {"policyName": base, "matchResources": selectors},
         }));
-        for (suffix, selectors) in bindings(inj, sel) {
-            docs.push(json!({
-                "apiVersion": api,
-                "kind": "MutatingAdmissionPolicyBinding",
-                "metadata": {"name": format!("{policy_name}{suffix}"), "labels": labels(inj)},
-                "spec": {"policyName": policy_name, "matchResources": selectors},
-            }));
-        }
     }
     Ok(docs)
 }
@@ -682,42 +685,6 @@ fn refused(name: &str, reason: String) -> ExportError {
             reason,
         },
     )])
-}
-
-/// Ops that add the labels or annotations a template sets, where absent (the map too), and
-/// `status` (a key and a CEL string) where absent.
-fn meta_ops(
-    map: &str,
-    entries: &std::collections::BTreeMap<String, String>,
-    status: Option<(&String, &String)>,
-    exprs: &[String],
-) -> Result<String, String> {
-    let mut all: Vec<(String, String)> = entries
-        .iter()
-        .map(|(k, v)| Ok((k.clone(), cel::text(v, exprs)?)))
-        .collect::<Result<_, String>>()?;
-    if let Some((k, v)) = status {
-        all.push((k.clone(), v.clone()));
-    }
-    let whole: Vec<String> = all
-        .iter()
-        .map(|(k, v)| format!("{}: {v}", cel::string(k)))
-        .collect();
-    let each: Vec<String> = all
-        .iter()
-        .map(|(k, v)| {
-            format!(
-                "({key} in object.metadata.{map} ? [] : [JSONPatch{{op: \"add\", path: {path}, value: {v}}}])",
-                key = cel::string(k),
-                path = cel::string(&format!("/metadata/{map}/{}", cel::pointer_token(k))),
-            )
-        })
-        .collect();
-    Ok(format!(
-        "(has(object.metadata.{map}) ? {} : [JSONPatch{{op: \"add\", path: \"/metadata/{map}\", value: {{{}}}}}])",
-        each.join(" + "),
-        whole.join(", ")
-    ))
 }
 
 /// The status annotation the webhook writes, as CEL: the templates injected, the export's
@@ -777,11 +744,8 @@ pub fn to_yaml(docs: &[Value]) -> Result<String, ExportError> {
 /// The names every policy of an export may create, for tests and the chart.
 pub fn names(inj: &Injector) -> BTreeSet<String> {
     let base = base_name(inj);
-    let mut out: BTreeSet<String> = inj
-        .templates
-        .names()
-        .map(|n| format!("{base}-{n}"))
-        .collect();
+    let mut out = BTreeSet::new();
+    out.insert(base.clone());
     out.insert(format!("{base}-backstop"));
     out
 }

@@ -1,0 +1,374 @@
+//! The admission policies `sidecar-injector export` writes, on a real API server: the
+//! MutatingAdmissionPolicy injects what the webhook injects, and the ValidatingAdmissionPolicy
+//! (the backstop) refuses an opted-in pod the injector did not reach, with its own message.
+//! Run with the other scenarios, one at a time.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, ensure};
+use k8s_openapi::api::core::v1::Pod;
+use serde_json::{Value, json};
+use sidecar_injector_e2e::cluster::{WAIT, accepts, dry_run, refusal, rejects, scenario};
+use sidecar_injector_e2e::env::Need;
+use sidecar_injector_e2e::eventually;
+use sidecar_injector_e2e::pods::*;
+use sidecar_injector_e2e::policies::{
+    CHART_OFF, ROAD_LABEL, Server, export, injector_config, install, mutating_version,
+    policy_config,
+};
+use sidecar_injector_e2e::webhooks::with_mutating_changed;
+
+/// A small deterministic generator (the same pods on every run; a failure names its case).
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[(self.next() as usize) % items.len()]
+    }
+
+    fn chance(&mut self, one_in: u64) -> bool {
+        self.next().is_multiple_of(one_in)
+    }
+}
+
+/// Pod `i` of the generated set: labels, annotations, containers, init containers, volumes,
+/// env and mounts that meet the templates' own names and paths, a sidecar the pod brings
+/// itself, skipped pods (hostNetwork, Windows) and pods that opt out.
+fn generated(i: u64) -> Value {
+    let mut g = Gen(i.wrapping_mul(7919) + 17);
+    let mut labels = BTreeMap::new();
+    labels.insert(
+        "sidecar-injector.io/inject",
+        *g.pick(&["true", "true", "true", "true", "false"]),
+    );
+    if g.chance(2) {
+        labels.insert("app", *g.pick(&["web", "1.5", "true", "x-y.z", "null"]));
+    }
+    let mut annotations = BTreeMap::new();
+    if g.chance(2) {
+        annotations.insert(
+            "example.com/team",
+            *g.pick(&["payments", "a: b", "#x", "'\"", "[1]", "0"]),
+        );
+    }
+    if g.chance(2) {
+        annotations.insert(
+            "sidecar-injector.io/templates",
+            *g.pick(&[
+                "log-shipper",
+                "mesh-agent",
+                "mesh-agent, log-shipper",
+                "log-shipper,,mesh-agent,log-shipper",
+                " mesh-agent ",
+            ]),
+        );
+    }
+    let mut containers = Vec::new();
+    for c in 0..1 + g.next() % 3 {
+        let mut container = json!({"name": format!("c{c}"), "image": app_image()});
+        if g.chance(3) {
+            container["env"] = json!([{"name": "APP_LOG_DIR", "value": "/elsewhere"}, {"name": "OTHER", "value": "1"}]);
+        }
+        if g.chance(4) {
+            container["volumeMounts"] = json!([{"name": "data", "mountPath": *g.pick(&["/var/log/app", "/data", "/var/run/mesh"])}]);
+        }
+        containers.push(container);
+    }
+    if g.chance(6) {
+        // A container of the pod's own under a sidecar's name: left alone, listed as kept.
+        containers.push(json!({"name": "log-shipper", "image": app_image()}));
+    }
+    let mut spec = json!({"containers": containers});
+    let inits = g.next() % 3;
+    if inits > 0 {
+        spec["initContainers"] = json!(
+            (0..inits)
+                .map(|k| json!({"name": format!("init{k}"), "image": app_image()}))
+                .collect::<Vec<_>>()
+        );
+    }
+    let mut volumes = Vec::new();
+    if containers_mount_data(&spec) || g.chance(3) {
+        volumes.push(json!({"name": "data", "emptyDir": {}}));
+    }
+    if g.chance(6) {
+        volumes.push(json!({"name": "sidecar-logs", "emptyDir": {"medium": "Memory"}}));
+    }
+    if !volumes.is_empty() {
+        spec["volumes"] = json!(volumes);
+    }
+    if g.chance(10) {
+        spec["hostNetwork"] = json!(true);
+    }
+    if g.chance(10) {
+        spec["nodeSelector"] = json!({"kubernetes.io/os": "windows"});
+    }
+    let mut metadata = json!({"labels": labels, "annotations": annotations});
+    if g.chance(2) {
+        metadata["generateName"] = json!(format!("gen{i}-"));
+    } else {
+        metadata["name"] = json!(format!("pod{i}"));
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
+}
+
+fn containers_mount_data(spec: &Value) -> bool {
+    spec["containers"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["volumeMounts"].as_array().is_some_and(|m| !m.is_empty()))
+    })
+}
+
+/// What the two roads must agree on, without what differs by construction: the namespace,
+/// generated names, the ServiceAccount token volume's random suffix, the status hash (the
+/// policy records its export's digest: CEL has no hash function) and server-side fields.
+fn comparable(pod: &Pod, ns: &str) -> anyhow::Result<Value> {
+    let mut v = serde_json::to_value(pod)?;
+    let meta = v["metadata"].as_object_mut().context("no metadata")?;
+    for k in [
+        "uid",
+        "creationTimestamp",
+        "resourceVersion",
+        "managedFields",
+        "namespace",
+        "name",
+    ] {
+        meta.remove(k);
+    }
+    v.as_object_mut().context("not an object")?.remove("status");
+    let mut text = serde_json::to_string(&v)?.replace(ns, "NS");
+    for (start, end) in [("kube-api-access-", 5), ("\\\"hash\\\":\\\"", 0)] {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(start) {
+            out.push_str(&rest[..at + start.len()]);
+            rest = &rest[at + start.len()..];
+            let skip = if end > 0 {
+                end.min(rest.len())
+            } else {
+                rest.find("\\\"").unwrap_or(0)
+            };
+            out.push('X');
+            rest = &rest[skip..];
+        }
+        out.push_str(rest);
+        text = out;
+    }
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// The first place two JSON values differ.
+fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for k in x.keys().chain(y.keys()) {
+                let (l, r) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                if let Some(d) = first_difference(l, r, &format!("{at}/{k}")) {
+                    return Some(d);
+                }
+            }
+            None
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (l, r))| first_difference(l, r, &format!("{at}/{i}"))),
+        _ if a == b => None,
+        _ => Some(format!("{at}: policy {a}, webhook {b}")),
+    }
+}
+
+const GENERATED: u64 = 120;
+
+/// Policy mode: the API server injects by itself. Generated pods created (dry run) through the
+/// exported MutatingAdmissionPolicies in one namespace and through a webhook serving the same
+/// configuration in another come back the same (containers, init containers, volumes, env,
+/// mounts, annotations, the status but for its hash), both pass the exported backstop, and a
+/// policy-injected pod created again through the policies is unchanged.
+#[tokio::test]
+async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
+    scenario("p01-policy-mode", &[Need::TemplateChange, Need::LoopbackWebhooks], |cx| async move {
+        let Some(version) = mutating_version(&cx.client).await? else {
+            anyhow::bail!("this API server serves no MutatingAdmissionPolicy (1.36+, or 1.34-1.35 with the MutatingAdmissionPolicy feature gate and runtime-config)");
+        };
+        println!("p01: MutatingAdmissionPolicy {version}");
+        let config = policy_config();
+        let mutating = export(&cx.env, "mutating", Some(&config), &["--api-version", version]).await?;
+        let backstop = export(&cx.env, "backstop", Some(&config), &[]).await?;
+        // The mutations on the policy road only; the backstop on both roads.
+        let mutations = install(&cx.client, mutating, &["policy"]).await?;
+        let backstop = match install(&cx.client, backstop, &["policy", "webhook"]).await {
+            Ok(b) => b,
+            Err(e) => {
+                mutations.remove().await.ok();
+                return Err(e);
+            }
+        };
+        let mut server = match Server::start(&cx.env, &cx.client, &config, "webhook").await {
+            Ok(s) => s,
+            Err(e) => {
+                mutations.remove().await.ok();
+                backstop.remove().await.ok();
+                return Err(e);
+            }
+        };
+        let result = async {
+            let p = cx.extra_namespace("policy", &[(ROAD_LABEL, "policy"), (CHART_OFF, "true")]).await?;
+            let w = cx.extra_namespace("webhook", &[(ROAD_LABEL, "webhook"), (CHART_OFF, "true")]).await?;
+            let body = async {
+                let (pp, wp) = (cx.pods_in(&p), cx.pods_in(&w));
+                // Both roads are in effect once a probe is injected on each.
+                for (pods, road) in [(&pp, "policy"), (&wp, "webhook")] {
+                    eventually(&format!("injection through the {road} road"), WAIT, || async {
+                        let pod = dry_run(pods, &opted_in("probe")).await.map_err(|e| anyhow::anyhow!(refusal(&e)))?;
+                        Ok(status_annotation(&pod).map(|_| ()))
+                    })
+                    .await?;
+                }
+                let mut injected = 0;
+                for i in 0..GENERATED {
+                    let pod: Pod = from_json(generated(i))?;
+                    let a = dry_run(&pp, &pod).await;
+                    let b = dry_run(&wp, &pod).await;
+                    let case = serde_json::to_string(&generated(i))?;
+                    let (a, b) = match (a, b) {
+                        (Ok(a), Ok(b)) => (a, b),
+                        (a, b) => anyhow::bail!(
+                            "pod {i} ({case}): policy road {}, webhook road {}",
+                            a.map(|_| "admitted".to_owned()).unwrap_or_else(|e| refusal(&e)),
+                            b.map(|_| "admitted".to_owned()).unwrap_or_else(|e| refusal(&e)),
+                        ),
+                    };
+                    if status_annotation(&a).is_some() {
+                        injected += 1;
+                    }
+                    let (ca, cb) = (comparable(&a, &p)?, comparable(&b, &w)?);
+                    if let Some(d) = first_difference(&ca, &cb, "") {
+                        anyhow::bail!("pod {i} ({case}) differs at {d}");
+                    }
+                    // Idempotent: the policy road's output, created again, is unchanged.
+                    let mut again = a.clone();
+                    again.metadata.uid = None;
+                    again.metadata.resource_version = None;
+                    again.metadata.creation_timestamp = None;
+                    let again = dry_run(&pp, &again).await.map_err(|e| anyhow::anyhow!("pod {i} again: {}", refusal(&e)))?;
+                    if let Some(d) = first_difference(&comparable(&again, &p)?, &ca, "") {
+                        anyhow::bail!("pod {i} ({case}) changed when created again through the policies, at {d}");
+                    }
+                }
+                println!("p01: {GENERATED} generated pods, {injected} injected, the same on both roads");
+                ensure!(injected >= GENERATED / 2, "only {injected} of {GENERATED} pods were injected: the generator no longer tests much");
+                // An opted-out pod is untouched.
+                let plain = dry_run(&pp, &labelled(app_pod("out"), INJECT_LABEL, "false")).await.map_err(|e| anyhow::anyhow!(refusal(&e)))?;
+                ensure!(status_annotation(&plain).is_none() && containers(&plain).len() == 1, "an opted-out pod was changed");
+                anyhow::Ok(())
+            }
+            .await;
+            cx.delete_namespace(&p).await.ok();
+            cx.delete_namespace(&w).await.ok();
+            body
+        }
+        .await;
+        let stopped = server.stop().await;
+        let removed = mutations.remove().await.and(backstop.remove().await);
+        result.and(stopped).and(removed)
+    })
+    .await
+}
+
+/// The backstop, with the suite's own injector down and its mutating webhook set to `Ignore`:
+/// an opted-in pod is refused by the ValidatingAdmissionPolicy with its own message (naming the
+/// missing sidecars, saying the injector did not run) instead of a webhook call error; a pod
+/// that did not opt in is created; once the injector is back, opted-in pods are admitted
+/// injected, and the backstop accepts them.
+#[tokio::test]
+async fn p02_backstop_refuses_what_the_injector_did_not_reach() -> anyhow::Result<()> {
+    scenario("p02-backstop", &[Need::ProcessControl, Need::TemplateChange], |cx| async move {
+        let ctl = cx.env.injector_ctl.clone().context("no E2E_INJECTOR_CTL")?;
+        let injector = |action: &'static str| {
+            let ctl = ctl.clone();
+            async move {
+                let status = tokio::process::Command::new(&ctl).arg(action).status().await?;
+                ensure!(status.success(), "{} {action} failed: {status}", ctl.display());
+                anyhow::Ok(())
+            }
+        };
+        // The configuration the suite's injector serves.
+        let config = injector_config(&cx.env, &cx.client).await?;
+        let docs = export(&cx.env, "backstop", Some(config.path()), &[]).await?;
+        let policies = install(&cx.client, docs, &["backstop"]).await?;
+        let ns = cx.extra_namespace("guarded", &[(ROAD_LABEL, "backstop")]).await;
+        let ns = match ns {
+            Ok(ns) => ns,
+            Err(e) => {
+                policies.remove().await.ok();
+                return Err(e);
+            }
+        };
+        let client = cx.client.clone();
+        let result = with_mutating_changed(
+            &client,
+            &cx.env.webhook_config,
+            &ns,
+            |hook| {
+                hook.failure_policy = Some("Ignore".into());
+                Ok(())
+            },
+            || async {
+                let pods = cx.pods_in(&ns);
+                // The backstop is in effect once it refuses a pod the webhooks never see.
+                let bare = opted_in("bare");
+                let body = async {
+                    injector("stop").await?;
+                    let message = eventually("the backstop's refusal", WAIT, || async {
+                        match dry_run(&pods, &bare).await {
+                            Err(e) if refusal(&e).contains("lacks its sidecar") => Ok(Some(refusal(&e))),
+                            Err(e) => Err(anyhow::anyhow!("refused otherwise: {}", refusal(&e))),
+                            Ok(_) => Ok(None),
+                        }
+                    })
+                    .await?;
+                    let message = rejects(&pods, &opted_in("refused")).await.unwrap_or(message);
+                    for needle in [
+                        "ValidatingAdmissionPolicy 'sidecar-injector-backstop'",
+                        "lacks its sidecar(s) log-shipper (template log-shipper), proxy (template proxy)",
+                        "the sidecar injector did not run for it",
+                    ] {
+                        ensure!(message.contains(needle), "expected {needle:?} in the refusal, got: {message}");
+                    }
+                    ensure!(!message.contains("failed calling webhook"), "the webhook's error, not the backstop's: {message}");
+                    check_untouched(&accepts(&pods, &app_pod("plain")).await?)?;
+                    check_untouched(&accepts(&pods, &labelled(app_pod("out"), INJECT_LABEL, "false")).await?)?;
+                    anyhow::Ok(())
+                }
+                .await;
+                let started = injector("start").await;
+                body.and(started)?;
+                let stored = eventually("an opted-in pod admitted injected", WAIT, || async {
+                    Ok(dry_run(&pods, &opted_in("back")).await.ok().filter(|p| status_annotation(p).is_some()))
+                })
+                .await?;
+                check_injected(&stored)?;
+                check_injected(&accepts(&pods, &opted_in("stored")).await?)?;
+                Ok(())
+            },
+        )
+        .await;
+        cx.delete_namespace(&ns).await.ok();
+        let removed = policies.remove().await;
+        result.and(removed)
+    })
+    .await
+}
