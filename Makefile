@@ -3,6 +3,11 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
+# Every e2e run (API and node) runs on each of these Kubernetes versions: today's release and the
+# newest the Go module proxy serves (MutatingAdmissionPolicy is v1 from 1.36; on 1.35 the suite
+# turns on its beta).
+K8S_VERSIONS ?= v1.35.8 v1.37.2
+
 .PHONY: run test test-unit test-chart test-e2e test-e2e-node control-plane lint fuzz bench build release help
 
 help: ## List the targets.
@@ -32,14 +37,14 @@ fuzz: ## Fuzz the review parser and patch builder for FUZZ_SECONDS (default 300;
 test-chart: ## helm lint, chart snapshots and webhook-field checks, hadolint.
 	bash charts/test.sh
 
-control-plane: ## Build (or reuse) kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd, cached outside the checkout.
-	bash e2e/control-plane/build.sh
+control-plane: ## Build (or reuse) kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd for each of K8S_VERSIONS, cached outside the checkout.
+	for v in $(K8S_VERSIONS); do K8S_VERSION=$$v bash e2e/control-plane/build.sh >/dev/null; done
 
-test-e2e: ## The scenarios against a real kube-apiserver + etcd on 127.0.0.1.
-	bash e2e/run.sh
+test-e2e: ## The scenarios against a real kube-apiserver + etcd on 127.0.0.1, on each of K8S_VERSIONS.
+	for v in $(K8S_VERSIONS); do K8S_VERSION=$$v bash e2e/run.sh; done
 
-test-e2e-node: ## The scenarios on a real node: a whole cluster in its own network namespace (root).
-	bash e2e/node/run.sh
+test-e2e-node: ## The scenarios on a real node: a whole cluster in its own network namespace (root), on each of K8S_VERSIONS.
+	for v in $(K8S_VERSIONS); do K8S_VERSION=$$v bash e2e/node/run.sh; done
 
 # The control plane is built before the chart tests, which also install the chart into it.
 test: lint test-unit control-plane test-chart test-e2e test-e2e-node ## Everything CI runs.

@@ -78,6 +78,30 @@ pub enum Command {
     Export(ExportArgs),
 }
 
+/// An injector from a ConfigMap manifest: the first document of kind ConfigMap.
+fn configmap_injector(file: &std::path::Path) -> anyhow::Result<crate::engine::config::Injector> {
+    let text = read_text(file)?;
+    let origin = file.display().to_string();
+    for doc in manifest::split_documents(&text) {
+        let value: serde_json::Value = serde_saphyr::from_str(doc)
+            .with_context(|| format!("{origin}: a document is not YAML"))?;
+        if value["kind"] != "ConfigMap" {
+            continue;
+        }
+        let data: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(value["data"].clone()).with_context(|| {
+                format!("{origin}: the ConfigMap's data is not a map of strings")
+            })?;
+        let name = value["metadata"]["name"].as_str().unwrap_or("");
+        return Ok(crate::load::from_configmap_data(
+            &format!("ConfigMap {name} in {origin}"),
+            &data,
+            crate::load::own_namespace(),
+        )?);
+    }
+    anyhow::bail!("{origin} holds no ConfigMap")
+}
+
 /// What `export` writes.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum ExportKind {
@@ -112,6 +136,10 @@ pub struct ExportArgs {
         default_value = "sidecar-injector.io/disabled"
     )]
     pub disabled_label: String,
+    /// Read the configuration and templates from the chart's ConfigMap instead (a manifest,
+    /// e.g. `helm template ... --show-only templates/configmap.yaml`), or - for standard input.
+    #[arg(long, value_name = "FILE|-", conflicts_with = "path")]
+    pub configmap: Option<PathBuf>,
     #[command(flatten)]
     pub config: ConfigArg,
 }
@@ -124,9 +152,13 @@ impl ExportArgs {
             revision,
             namespace_opt_in,
             disabled_label,
+            configmap,
             config,
         } = self;
-        let inj = config.load()?;
+        let inj = match configmap {
+            Some(file) => configmap_injector(&file)?,
+            None => config.load()?,
+        };
         policy::check_revision(&inj, revision.as_deref())?;
         let selection = policy::Selection {
             namespace_opt_in,

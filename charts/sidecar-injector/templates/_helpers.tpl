@@ -56,7 +56,27 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Whether the in-cluster server (Deployment, Service, ...) is rendered: "true" or "". */}}
 {{- define "sidecar-injector.inCluster" -}}
-{{- if and .Values.deployment.enabled (gt (int .Values.replicaCount) 0) -}}true{{- end -}}
+{{- if and (include "sidecar-injector.webhookMode" .) .Values.deployment.enabled (gt (int .Values.replicaCount) 0) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether the webhooks are installed (mode=webhook): "true" or "". In policy mode the API
+server injects by itself (a MutatingAdmissionPolicy) and nothing of the server is rendered. */}}
+{{- define "sidecar-injector.webhookMode" -}}
+{{- if eq .Values.mode "webhook" -}}true{{- end -}}
+{{- end -}}
+
+{{/* What the exported policies depend on: the configuration, every template, and the webhook
+selectors they copy. The shipped export (files/policies/) carries the fingerprint of the
+chart's defaults; another configuration needs its own export. */}}
+{{- define "sidecar-injector.policyFingerprint" -}}
+{{- $inputs := dict
+  "config" .Values.config
+  "revision" .Values.revision
+  "templates" (include "sidecar-injector.templateFiles" . | fromJson)
+  "disabledLabel" .Values.webhook.disabledLabel
+  "namespaceOptIn" .Values.webhook.namespaceOptIn.enabled
+-}}
+{{- toJson $inputs | sha256sum -}}
 {{- end -}}
 
 {{/* Name of the Secret holding the serving certificate. */}}
@@ -173,7 +193,10 @@ templates still goes to the server, which decides per template.)
 
 {{/* Checks that values the schema cannot express. Included by the ConfigMap, always rendered. */}}
 {{- define "sidecar-injector.checks" -}}
-{{- if and (not (include "sidecar-injector.inCluster" .)) (not .Values.webhook.url) -}}
+{{- if not (has .Values.mode (list "webhook" "policy")) -}}
+{{- fail (printf "mode must be webhook or policy, not %q" .Values.mode) -}}
+{{- end -}}
+{{- if and (include "sidecar-injector.webhookMode" .) (not (include "sidecar-injector.inCluster" .)) (not .Values.webhook.url) -}}
 {{- fail "replicaCount is 0 or deployment.enabled is false, but webhook.url is empty: nothing would answer the webhooks. Set webhook.url to the out-of-cluster server, or run the server in the cluster." -}}
 {{- end -}}
 {{- if eq .Values.certificates.mode "existingSecret" -}}

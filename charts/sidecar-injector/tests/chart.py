@@ -77,8 +77,12 @@ class Rendered:
         return yaml.safe_load(self.one("ConfigMap")["data"]["config.yaml"])
 
 
+# What a cluster with ValidatingAdmissionPolicy (1.30+) tells Helm it serves.
+VAP = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)
+
+
 @functools.lru_cache(maxsize=None)
-def _render(helm, values_json, sets, kube_version, namespace):
+def _render(helm, values_json, sets, kube_version, namespace, api_versions=()):
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
         json.dump(json.loads(values_json), values)
         values.flush()
@@ -86,15 +90,19 @@ def _render(helm, values_json, sets, kube_version, namespace):
                "--kube-version", kube_version, "--values", values.name]
         for s in sets:
             cmd += ["--set", s]
+        for a in api_versions:
+            cmd += ["--api-versions", a]
         proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RenderError(proc.stderr)
     return proc.stdout
 
 
-def render(*sets, values=None, helm="helm", kube_version=KUBE_VERSION, namespace=NAMESPACE):
+def render(*sets, values=None, helm="helm", kube_version=KUBE_VERSION, namespace=NAMESPACE,
+           api_versions=()):
     """helm template with --set SETS and a values map; the objects, parsed."""
-    text = _render(helm, json.dumps(values or {}), tuple(sets), kube_version, namespace)
+    text = _render(helm, json.dumps(values or {}), tuple(sets), kube_version, namespace,
+                   tuple(api_versions))
     return Rendered(list(yaml.safe_load_all(text)))
 
 
@@ -102,10 +110,11 @@ def render_text(*sets, values=None, helm="helm", kube_version=KUBE_VERSION, name
     return _render(helm, json.dumps(values or {}), tuple(sets), kube_version, namespace)
 
 
-def render_error(*sets, values=None, helm="helm", kube_version=KUBE_VERSION):
+def render_error(*sets, values=None, helm="helm", kube_version=KUBE_VERSION, api_versions=()):
     """helm template that must fail; its error output."""
     try:
-        _render(helm, json.dumps(values or {}), tuple(sets), kube_version, NAMESPACE)
+        _render(helm, json.dumps(values or {}), tuple(sets), kube_version, NAMESPACE,
+                tuple(api_versions))
     except RenderError as e:
         return str(e)
     raise AssertionError(f"helm template {sets} {values} rendered, but should have failed")
