@@ -787,6 +787,12 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
     );
     assert_eq!(docs[1]["spec"]["validationActions"][0], "Deny");
     insta::assert_snapshot!("export_backstop_bundled", stdout(&out));
+    // Images are held only when asked: such a backstop must change with the configuration.
+    let image = "cr.fluentbit.io/fluent/fluent-bit:3.2.4";
+    assert!(!stdout(&out).contains(image));
+    let strict = run(&["export", "backstop", "--check-images"]);
+    assert!(strict.status.success(), "{}", stderr(&strict));
+    assert!(stdout(&strict).contains(&format!("must run image {image}")));
 }
 
 #[test]

@@ -163,6 +163,17 @@ pub async fn install(
     mut docs: Vec<Value>,
     roads: &[&str],
 ) -> anyhow::Result<Installed> {
+    // Names of the scenario's own, apart from the chart's backstop (installed by default).
+    let suffix = format!("-e2e-{}", roads.first().copied().unwrap_or("road"));
+    for doc in &mut docs {
+        for pointer in ["/metadata/name", "/spec/policyName"] {
+            if let Some(field) = doc.pointer_mut(pointer)
+                && let Some(name) = field.as_str()
+            {
+                *field = Value::String(format!("{name}{suffix}"));
+            }
+        }
+    }
     for doc in &mut docs {
         if doc["kind"].as_str().is_some_and(|k| k.ends_with("Binding")) {
             let exprs = &mut doc["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"];

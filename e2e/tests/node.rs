@@ -612,3 +612,122 @@ fn tempdir() -> anyhow::Result<std::path::PathBuf> {
     std::fs::create_dir_all(&dir)?;
     Ok(dir)
 }
+
+/// n06. Policy mode, with no injector pod at all: the suite's injector Deployment is scaled to
+/// 0, and the MutatingAdmissionPolicy exported from `policy/config.yaml` (with its backstop) is
+/// the only injector. An opted-in Deployment's pod runs on the node with the native sidecar the
+/// API server added (`mesh-agent`, before the pod's own init container, running), whose file
+/// the app reads through the injected read-only mount, with the injected env and the values
+/// the policy computed from the pod (namespace and `app` label); the log shipper ships the
+/// app's lines. (p01 holds the policy's output equal to the webhook's on generated pods.)
+#[tokio::test]
+async fn n06_policy_mode_pods_run_with_no_injector() -> anyhow::Result<()> {
+    use sidecar_injector_e2e::policies::{
+        CHART_OFF, ROAD_LABEL, export, install, mutating_version, policy_config,
+    };
+    scenario(
+        "n06-policy-mode",
+        &[Need::Node, Need::ProcessControl, Need::TemplateChange],
+        |cx| async move {
+            let version = mutating_version(&cx.client)
+                .await?
+                .context("this API server serves no MutatingAdmissionPolicy")?;
+            let config = policy_config();
+            let mut docs =
+                export(&cx.env, "mutating", Some(&config), &["--api-version", version]).await?;
+            docs.extend(export(&cx.env, "backstop", Some(&config), &[]).await?);
+            let policies = install(&cx.client, docs, &["policy-node"]).await?;
+            let ctl = cx.env.injector_ctl.clone().context("no E2E_INJECTOR_CTL")?;
+            let injector = |action: &'static str| {
+                let ctl = ctl.clone();
+                async move {
+                    let status = tokio::process::Command::new(&ctl).arg(action).status().await?;
+                    ensure!(status.success(), "{} {action} failed: {status}", ctl.display());
+                    anyhow::Ok(())
+                }
+            };
+            let body = async {
+                injector("stop").await?;
+                let left = injector_pods(&cx.client, &cx.env.injector_namespace, &cx.env.webhook_config).await?;
+                ensure!(left.is_empty(), "{} injector pods left after scaling to 0", left.len());
+                let ns = cx
+                    .extra_namespace("run", &[(ROAD_LABEL, "policy-node"), (CHART_OFF, "true")])
+                    .await?;
+                let result = async {
+                    let app = "sleep 1; echo \"app: MESH_AGENT_SOCKET=$MESH_AGENT_SOCKET\"; \
+                         echo \"app: agent-id=$(cat /var/run/mesh/agent-id)\"; \
+                         touch /var/run/mesh/x 2>/dev/null || echo 'app: /var/run/mesh is read-only'; \
+                         i=0; while true; do i=$((i+1)); echo \"line $i from the app\" >> \"$APP_LOG_DIR/app.log\"; sleep 0.5; done";
+                    let deployment: Deployment = from_json(json!({
+                        "apiVersion": "apps/v1", "kind": "Deployment",
+                        "metadata": {"name": "web"},
+                        "spec": {
+                            "replicas": 1,
+                            "selector": {"matchLabels": {"app": "web"}},
+                            "template": {
+                                "metadata": {"labels": {"app": "web", INJECT_LABEL: "true"}},
+                                "spec": {
+                                    "terminationGracePeriodSeconds": 1,
+                                    "initContainers": [{"name": "app-init", "image": BUSYBOX, "imagePullPolicy": "Never",
+                                        "command": ["sh", "-c", "test -f /var/run/mesh/agent-id 2>/dev/null; echo init: done"]}],
+                                    "containers": [{"name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
+                                        "command": ["sh", "-c", app]}]
+                                }
+                            }
+                        }
+                    }))?;
+                    Api::<Deployment>::namespaced(cx.client.clone(), &ns)
+                        .create(&PostParams::default(), &deployment)
+                        .await?;
+                    let pods = cx.pods_in(&ns);
+                    let pod = eventually("the policy-injected pod running", RUNNING, || async {
+                        let list = pods.list(&ListParams::default().labels("app=web")).await?;
+                        let Some(pod) = list.items.into_iter().next() else { return Ok(None) };
+                        let status = pod.status.clone().unwrap_or_default();
+                        let all_running = status.container_statuses.iter().flatten().all(|c| c.ready);
+                        Ok((status.phase.as_deref() == Some("Running") && all_running && is_ready(&pod)).then_some(pod))
+                    })
+                    .await?;
+                    let spec = pod.spec.clone().unwrap_or_default();
+                    let inits: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+                    ensure!(inits == ["mesh-agent", "app-init"], "init containers {inits:?}");
+                    let agent = &spec.init_containers.as_deref().unwrap_or_default()[0];
+                    ensure!(agent.restart_policy.as_deref() == Some("Always"), "mesh-agent is not a native sidecar");
+                    let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+                    ensure!(names == ["app", LOG_SHIPPER], "containers {names:?}");
+                    let status = pod.status.clone().unwrap_or_default();
+                    let agent_running = status.init_container_statuses.iter().flatten().any(|c| {
+                        c.name == "mesh-agent" && c.state.as_ref().is_some_and(|s| s.running.is_some())
+                    });
+                    ensure!(agent_running, "the native sidecar is not running: {:?}", status.init_container_statuses);
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    let seen = eventually("the app's report", RUNNING, || async {
+                        let log = logs(&pods, &name, "app").await?;
+                        Ok(log.iter().any(|l| l.text.contains("read-only")).then_some(log))
+                    })
+                    .await?;
+                    line_with(&seen, "app: MESH_AGENT_SOCKET=/var/run/mesh/agent.sock", "the injected env var")?;
+                    line_with(&seen, &format!("app: agent-id={ns}/web"), "the sidecar's file, with the values the policy computed")?;
+                    line_with(&seen, "app: /var/run/mesh is read-only", "the injected read-only mount")?;
+                    eventually("the log shipper shipping the app's lines", RUNNING, || async {
+                        let log = logs(&pods, &name, LOG_SHIPPER).await?;
+                        Ok(log.iter().any(|l| l.text.contains("line 1 from the app")).then_some(()))
+                    })
+                    .await?;
+                    let status_annotation = pod.metadata.annotations.clone().unwrap_or_default();
+                    let status = status_annotation.get("sidecar-injector.io/status").cloned().unwrap_or_default();
+                    ensure!(status.contains("\"templates\":[\"log-shipper\",\"mesh-agent\"]") && status.contains("\"hash\":\"policy-"), "status {status}");
+                    anyhow::Ok(())
+                }
+                .await;
+                cx.delete_namespace(&ns).await.ok();
+                result
+            }
+            .await;
+            let started = injector("start").await;
+            let removed = policies.remove().await;
+            body.and(started).and(removed)
+        },
+    )
+    .await
+}

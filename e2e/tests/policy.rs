@@ -342,7 +342,7 @@ async fn p02_backstop_refuses_what_the_injector_did_not_reach() -> anyhow::Resul
                     .await?;
                     let message = rejects(&pods, &opted_in("refused")).await.unwrap_or(message);
                     for needle in [
-                        "ValidatingAdmissionPolicy 'sidecar-injector-backstop'",
+                        "ValidatingAdmissionPolicy 'sidecar-injector-backstop",
                         "lacks its sidecar(s) log-shipper (template log-shipper), proxy (template proxy)",
                         "the sidecar injector did not run for it",
                     ] {

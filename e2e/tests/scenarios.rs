@@ -629,6 +629,19 @@ async fn s08_validator_refuses_what_the_mutator_missed() -> anyhow::Result<()> {
                 point_at_port(&mut hook.client_config, port)
             },
             || async {
+                // The chart installs the backstop where the API server has
+                // ValidatingAdmissionPolicy: it runs before the validating webhooks and refuses
+                // first, with its own message (p02 tests it further).
+                if backstop_installed(&cx).await? {
+                    wait_for_refusal(&cx.client, &cx.ns, "lacks its sidecar(s)").await?;
+                    let message = rejects(&cx.pods(), &opted_in("no-sidecars")).await?;
+                    ensure!(
+                        message.contains("ValidatingAdmissionPolicy 'sidecar-injector-backstop'")
+                            && message.contains("pod no-sidecars lacks its sidecar(s) log-shipper (template log-shipper), proxy (template proxy)"),
+                        "expected the backstop's refusal, got: {message}"
+                    );
+                    return Ok(());
+                }
                 wait_for_refusal(&cx.client, &cx.ns, "sidecar-injector: pod").await?;
                 let before = metrics::validating_rejections(&metrics::scrape(&cx.client).await?, VALIDATING_WEBHOOK);
                 let message = rejects(&cx.pods(), &opted_in("no-sidecars")).await?;
@@ -662,6 +675,19 @@ async fn s08_validator_refuses_what_the_mutator_missed() -> anyhow::Result<()> {
         .await
     })
     .await
+}
+
+/// Whether the chart installed its backstop (a ValidatingAdmissionPolicy named after it).
+async fn backstop_installed(cx: &sidecar_injector_e2e::cluster::Ctx) -> anyhow::Result<bool> {
+    let request = http::Request::get(
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/sidecar-injector-backstop",
+    )
+    .body(Vec::new())?;
+    match cx.client.request::<serde_json::Value>(request).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// 9. Changing a sidecar's image on an injected pod is refused by the validator; an unrelated

@@ -136,6 +136,11 @@ pub struct ExportArgs {
         default_value = "sidecar-injector.io/disabled"
     )]
     pub disabled_label: String,
+    /// Backstop: also refuse a sidecar whose image is not the one its template sets. Such a
+    /// backstop must be replaced in the same instant as the injector's configuration (a
+    /// ConfigMap reload, a rollout), or it refuses pods injected with the other one.
+    #[arg(long, env = "SIDECAR_INJECTOR_CHECK_IMAGES")]
+    pub check_images: bool,
     /// Read the configuration and templates from the chart's ConfigMap instead (a manifest,
     /// e.g. `helm template ... --show-only templates/configmap.yaml`), or - for standard input.
     #[arg(long, value_name = "FILE|-", conflicts_with = "path")]
@@ -152,6 +157,7 @@ impl ExportArgs {
             revision,
             namespace_opt_in,
             disabled_label,
+            check_images,
             configmap,
             config,
         } = self;
@@ -165,7 +171,7 @@ impl ExportArgs {
             disabled_label,
         };
         let docs = match kind {
-            ExportKind::Backstop => policy::backstop(&inj, &selection)?,
+            ExportKind::Backstop => policy::backstop(&inj, &selection, check_images)?,
             ExportKind::Mutating => {
                 let version = match api_version.as_str() {
                     "v1beta1" => policy::MutatingVersion::V1beta1,

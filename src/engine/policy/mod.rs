@@ -264,7 +264,10 @@ fn sidecars_by_template(all: &[(String, &Fragment)]) -> String {
 const TOKEN_VOLUME: &str = "(v.name.startsWith(\"kube-api-access-\") && has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(s, has(s.serviceAccountToken)))";
 
 /// The ValidatingAdmissionPolicy and its binding.
-pub fn backstop(inj: &Injector, sel: &Selection) -> Result<Vec<Value>, ExportError> {
+/// `images`: also refuse a sidecar whose image is not the one its template fixes. Off unless
+/// asked: such a backstop must change in the same instant as the injector's configuration (a
+/// reload, a rollout), or it refuses pods the injector injected with the other version.
+pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Value>, ExportError> {
     let names: Vec<String> = inj.templates.names().map(str::to_owned).collect();
     if names.is_empty() {
         return Err(ExportError::NoTemplates);
@@ -324,7 +327,11 @@ pub fn backstop(inj: &Injector, sel: &Selection) -> Result<Vec<Value>, ExportErr
                         ))
                     ));
                 }
-                if let Some(image) = c.image.as_deref().filter(|i| !i.contains(symbolic::OPEN)) {
+                if let Some(image) = c
+                    .image
+                    .as_deref()
+                    .filter(|i| images && !i.contains(symbolic::OPEN))
+                {
                     problems.push(format!(
                         "({guard} && {found} && (!has(c.image) || c.image != {}))) ? {} : \"\"",
                         cel::string(image),
