@@ -401,6 +401,9 @@ pub struct TemplateSet {
     values: Value,
     cache: RenderCache,
     owned: Owned,
+    /// Each template's source, for the policy exporter (which reads its syntax tree); kept
+    /// apart from [`Entry`], which a review reads.
+    sources: BTreeMap<String, String>,
 }
 
 /// One template's part of [`TemplateSet`].
@@ -415,8 +418,6 @@ struct Entry {
     declared: Declared,
     /// Its overrides when the pod sets none (checked once, at load).
     defaults: Overrides<'static>,
-    /// Its source (the policy exporter reads its syntax tree).
-    source: String,
 }
 
 /// A template's overrides for one pod: the checked values, and their JSON, which is part of
@@ -586,6 +587,7 @@ impl TemplateSet {
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         env.set_keep_trailing_newline(true);
         let mut templates = BTreeMap::new();
+        let mut texts = BTreeMap::new();
         let values_json = serde_json::to_vec(values).unwrap_or_default();
         for (name, source) in sources {
             let file = file_name(&name);
@@ -631,8 +633,8 @@ impl TemplateSet {
                 reads: reads_of(&template, &source),
                 declared: header,
                 defaults: Overrides::owned(defaults),
-                source: source.clone(),
             };
+            texts.insert(name.clone(), source);
             templates.insert(name, entry);
         }
         let mut set = Self {
@@ -641,6 +643,7 @@ impl TemplateSet {
             values: Value::from_serialize(values),
             cache: RenderCache::default(),
             owned: Owned::default(),
+            sources: texts,
         };
         set.owned = set.check_samples()?;
         Ok(set)
@@ -818,7 +821,7 @@ impl TemplateSet {
 
     /// Template `name`'s source, as it was compiled.
     pub fn source(&self, name: &str) -> Option<&str> {
-        self.templates.get(name).map(|t| t.source.as_str())
+        self.sources.get(name).map(String::as_str)
     }
 
     /// Renders a source of the caller's (a template rewritten by the policy exporter) with
