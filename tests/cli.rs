@@ -839,3 +839,42 @@ fn export_refuses_another_revision_and_an_empty_configuration() {
         assert!(stderr(&out).contains("no templates"), "{}", stderr(&out));
     }
 }
+
+// === malformed pods ===
+
+/// A pod the API server will refuse (no containers) is left as it is by every command, each
+/// saying why: `review` admits it without a patch and warns, `inject` writes it back unchanged,
+/// `explain` gives the same reason.
+#[test]
+fn the_commands_agree_on_a_pod_the_api_server_refuses() {
+    let reason = "the pod has no spec.containers";
+    let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n  namespace: shop\n  labels: {sidecar-injector.io/inject: \"true\"}\nspec: {}\n";
+    let out = run_with_stdin(&["inject", "-f", "-"], manifest.as_bytes());
+    assert_eq!(
+        stdout(succeeds(&out)),
+        manifest,
+        "written back byte for byte"
+    );
+    let out = run_with_stdin(&["explain", "-f", "-"], manifest.as_bytes());
+    let text = stdout(succeeds(&out));
+    assert!(text.contains(reason), "{text}");
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "u1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "shop", "operation": "CREATE", "userInfo": {},
+            "object": serde_saphyr::from_str::<Value>(manifest).expect("YAML"),
+        }
+    });
+    let out = run_with_stdin(&["review", "--request", "-"], review.to_string().as_bytes());
+    let answer: Value = serde_json::from_str(&stdout(succeeds(&out))).expect("JSON");
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+    assert!(answer["response"].get("patch").is_none(), "{answer}");
+    assert!(
+        answer["response"]["warnings"][0]
+            .as_str()
+            .is_some_and(|w| w.contains(reason)),
+        "{answer}"
+    );
+}

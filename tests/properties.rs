@@ -10,7 +10,9 @@
 //! 6. the borrowed view and the typed road answer alike, on hostile bodies too;
 //! 7. a warm render cache answers as a cold one;
 //! 8. the memory of recent answers answers as the engine;
-//! 9. and so it does for replicas whose token volumes have names of their own.
+//! 9. and so it does for replicas whose token volumes have names of their own;
+//! 10. every patch applies to the pod as it was sent, malformed pods included, and a pod the
+//!     API server will refuse is let through unchanged or refused for its own mistake.
 
 use std::collections::BTreeSet;
 
@@ -21,10 +23,11 @@ use proptest::sample::Index;
 use serde_json::{Map, Value, json};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
 use sidecar_injector::inject::{
-    Decision, InjectError, Plan, PodFacts, apply, decide, plan_edits, to_patch, to_patch_base64,
+    Decision, Entry, InjectError, Plan, PodFacts, apply, decide, plan_edits, to_patch,
+    to_patch_base64,
 };
 use sidecar_injector::outdated::check::{PodState, check};
-use sidecar_injector::review::{Webhook, answer};
+use sidecar_injector::review::{Webhook, answer, answer_for};
 use sidecar_injector::view::{PodView, pod_json};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
@@ -250,7 +253,8 @@ fn pod() -> impl Strategy<Value = Case> {
         1 => "[a-z]{1,8}-".prop_map(|g| json!({"generateName": g})),
     ];
     let spec = (
-        prop::collection::vec(container(), 0..=3),
+        // At least one: a pod with none is malformed (property 10).
+        prop::collection::vec(container(), 1..=3),
         prop::option::of(prop::collection::vec(container(), 0..=2)),
         volumes(),
         prop::option::of(prop::collection::vec(
@@ -350,7 +354,12 @@ fn review(operation: &str, namespace: &str, object: &Value, old: Option<&Value>)
 /// The `response` of an answer, its patch decoded.
 fn respond(inj: &Injector, webhook: Webhook, body: &[u8]) -> Value {
     let answer = answer(inj, webhook, body).expect("a review with a uid is answered");
-    let mut value: Value = serde_json::from_slice(&answer.body).expect("answers are JSON");
+    decoded(&answer.body)
+}
+
+/// An answer's `response`, its patch decoded.
+fn decoded(body: &[u8]) -> Value {
+    let mut value: Value = serde_json::from_slice(body).expect("answers are JSON");
     let mut response = value["response"].take();
     if let Some(patch) = response.get_mut("patch") {
         let bytes = base64::engine::general_purpose::STANDARD
@@ -1305,6 +1314,153 @@ proptest! {
                     if stray.is_some() {
                         prop_assert_ne!(recall, Recall::Hit);
                     }
+                }
+            }
+            Ok(())
+        })?;
+    }
+}
+
+// === 10. Every patch applies, malformed pods included ===
+
+/// A way a pod arrives broken: before the API server validates it, a mutating webhook sees
+/// what a person wrote.
+#[derive(Clone, Copy, Debug)]
+enum Damage {
+    NoSpec,
+    NullSpec,
+    EmptySpec,
+    NoContainers,
+    NullContainers,
+    EmptyContainers,
+    NullInitContainers,
+    NullVolumes,
+    NullEnv,
+    NullMounts,
+    NoMetadata,
+    NullLabels,
+    NullAnnotations,
+    UnnamedContainer,
+    ContainersNotAList,
+    EnvNotAList,
+    LabelsNotAMap,
+}
+
+fn damage() -> impl Strategy<Value = Damage> {
+    use Damage::*;
+    prop::sample::select(vec![
+        NoSpec,
+        NullSpec,
+        EmptySpec,
+        NoContainers,
+        NullContainers,
+        EmptyContainers,
+        NullInitContainers,
+        NullVolumes,
+        NullEnv,
+        NullMounts,
+        NoMetadata,
+        NullLabels,
+        NullAnnotations,
+        UnnamedContainer,
+        ContainersNotAList,
+        EnvNotAList,
+        LabelsNotAMap,
+    ])
+}
+
+fn first(pod: &mut Value) -> Option<&mut Value> {
+    pod.get_mut("spec")?.get_mut("containers")?.get_mut(0)
+}
+
+fn damaged(mut pod: Value, how: Damage) -> Value {
+    match how {
+        Damage::NoSpec => drop(pod.as_object_mut().map(|o| o.remove("spec"))),
+        Damage::NullSpec => pod["spec"] = Value::Null,
+        Damage::EmptySpec => pod["spec"] = json!({}),
+        Damage::NoContainers => drop(pod["spec"].as_object_mut().map(|o| o.remove("containers"))),
+        Damage::NullContainers => pod["spec"]["containers"] = Value::Null,
+        Damage::EmptyContainers => pod["spec"]["containers"] = json!([]),
+        Damage::NullInitContainers => pod["spec"]["initContainers"] = Value::Null,
+        Damage::NullVolumes => pod["spec"]["volumes"] = Value::Null,
+        Damage::NullEnv => {
+            if let Some(c) = first(&mut pod) {
+                c["env"] = Value::Null;
+            }
+        }
+        Damage::NullMounts => {
+            if let Some(c) = first(&mut pod) {
+                c["volumeMounts"] = Value::Null;
+            }
+        }
+        Damage::NoMetadata => drop(pod.as_object_mut().map(|o| o.remove("metadata"))),
+        Damage::NullLabels => pod["metadata"]["labels"] = Value::Null,
+        Damage::NullAnnotations => pod["metadata"]["annotations"] = Value::Null,
+        Damage::UnnamedContainer => {
+            if let Some(c) = first(&mut pod) {
+                drop(c.as_object_mut().map(|o| o.remove("name")));
+            }
+        }
+        Damage::ContainersNotAList => pod["spec"]["containers"] = json!({"name": "app"}),
+        Damage::EnvNotAList => {
+            if let Some(c) = first(&mut pod) {
+                c["env"] = json!("X=1");
+            }
+        }
+        Damage::LabelsNotAMap => pod["metadata"]["labels"] = json!(["sidecar-injector.io/inject"]),
+    }
+    pod
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Whatever the pod, the mutator either refuses it naming the pod's mistake (not a
+    /// template), or admits it with a patch that applies to the pod as it was sent, after which
+    /// the mutator has nothing more to add; the validator agrees with it; and the offline
+    /// commands answer the same (`review` is this function).
+    #[test]
+    fn every_patch_applies(case in pod(), how in damage(), which in 0usize..2, by_namespace in any::<bool>()) {
+        with_injector(which, |inj| {
+            let pod = damaged(case.pod.clone(), how);
+            let body = review("CREATE", &case.namespace, &pod, None);
+            // The namespace entry opts in a pod whatever its labels: a pod with no metadata too.
+            let entry = if by_namespace { Entry::Namespace } else { Entry::Pod };
+            let respond = |inj: &Injector, webhook: Webhook, body: &[u8]| {
+                let answer = answer_for(inj, webhook, entry, body).expect("a review with a uid is answered");
+                decoded(&answer.body)
+            };
+            let response = respond(inj, Webhook::Mutate, &body);
+            if response["allowed"] != true {
+                let message = response["status"]["message"].as_str().unwrap_or_default();
+                // The pod's mistake (a field of the wrong type, an unknown template), never a
+                // template that failed to render.
+                prop_assert!(
+                    !message.contains("render"),
+                    "{:?}: refused as the injector's fault: {}", how, message
+                );
+                let code = response["status"]["code"].as_u64().unwrap_or(0);
+                prop_assert!((400..500).contains(&code), "{:?}: {} {}", how, code, message);
+                return Ok(());
+            }
+            let mut object = pod.clone();
+            if let Some(patch) = response.get("patch") {
+                let patch: json_patch::Patch = serde_json::from_value(patch.clone()).expect("a JSONPatch");
+                if let Err(e) = json_patch::patch(&mut object, &patch) {
+                    return Err(TestCaseError::fail(format!("{how:?}: {e}: {patch:?} on {pod}")));
+                }
+                let again = respond(inj, Webhook::Mutate, &review("CREATE", &case.namespace, &object, None));
+                prop_assert_eq!(&again["allowed"], &json!(true), "{:?}", how);
+                prop_assert!(again.get("patch").is_none(), "{:?}: a second patch {}", how, again);
+            }
+            // The validator says nothing against what the mutator let through unchanged.
+            if response.get("patch").is_none() {
+                let verdict = respond(inj, Webhook::Validate, &review("CREATE", &case.namespace, &object, None));
+                let skipped = response["warnings"].as_array().is_some_and(|w| {
+                    w.iter().any(|w| w.as_str().is_some_and(|w| w.contains("not injected")))
+                });
+                if skipped {
+                    prop_assert_eq!(&verdict["allowed"], &json!(true), "{:?}: {}", how, verdict);
                 }
             }
             Ok(())

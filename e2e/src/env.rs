@@ -186,3 +186,24 @@ impl Env {
         Ok(None)
     }
 }
+
+impl Env {
+    /// Stops or starts the server the webhooks call (`E2E_INJECTOR_CTL stop|start`: the local
+    /// process, or on a node the Deployment scaled to 0 and back).
+    pub async fn injector(&self, action: &str) -> anyhow::Result<()> {
+        let ctl = self
+            .injector_ctl
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no E2E_INJECTOR_CTL"))?;
+        let status = tokio::process::Command::new(ctl)
+            .arg(action)
+            .status()
+            .await?;
+        anyhow::ensure!(
+            status.success(),
+            "{} {action} failed: {status}",
+            ctl.display()
+        );
+        Ok(())
+    }
+}

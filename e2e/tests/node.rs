@@ -637,17 +637,8 @@ async fn n06_policy_mode_pods_run_with_no_injector() -> anyhow::Result<()> {
                 export(&cx.env, "mutating", Some(&config), &["--api-version", version]).await?;
             docs.extend(export(&cx.env, "backstop", Some(&config), &[]).await?);
             let policies = install(&cx.client, docs, &["policy-node"]).await?;
-            let ctl = cx.env.injector_ctl.clone().context("no E2E_INJECTOR_CTL")?;
-            let injector = |action: &'static str| {
-                let ctl = ctl.clone();
-                async move {
-                    let status = tokio::process::Command::new(&ctl).arg(action).status().await?;
-                    ensure!(status.success(), "{} {action} failed: {status}", ctl.display());
-                    anyhow::Ok(())
-                }
-            };
             let body = async {
-                injector("stop").await?;
+                cx.env.injector("stop").await?;
                 let left = injector_pods(&cx.client, &cx.env.injector_namespace, &cx.env.webhook_config).await?;
                 ensure!(left.is_empty(), "{} injector pods left after scaling to 0", left.len());
                 let ns = cx
@@ -724,7 +715,7 @@ async fn n06_policy_mode_pods_run_with_no_injector() -> anyhow::Result<()> {
                 result
             }
             .await;
-            let started = injector("start").await;
+            let started = cx.env.injector("start").await;
             let removed = policies.remove().await;
             body.and(started).and(removed)
         },

@@ -296,15 +296,6 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
 #[tokio::test]
 async fn p02_backstop_refuses_what_the_injector_did_not_reach() -> anyhow::Result<()> {
     scenario("p02-backstop", &[Need::ProcessControl, Need::TemplateChange], |cx| async move {
-        let ctl = cx.env.injector_ctl.clone().context("no E2E_INJECTOR_CTL")?;
-        let injector = |action: &'static str| {
-            let ctl = ctl.clone();
-            async move {
-                let status = tokio::process::Command::new(&ctl).arg(action).status().await?;
-                ensure!(status.success(), "{} {action} failed: {status}", ctl.display());
-                anyhow::Ok(())
-            }
-        };
         // The configuration the suite's injector serves.
         let config = injector_config(&cx.env, &cx.client).await?;
         let docs = export(&cx.env, "backstop", Some(config.path()), &[]).await?;
@@ -331,7 +322,7 @@ async fn p02_backstop_refuses_what_the_injector_did_not_reach() -> anyhow::Resul
                 // The backstop is in effect once it refuses a pod the webhooks never see.
                 let bare = opted_in("bare");
                 let body = async {
-                    injector("stop").await?;
+                    cx.env.injector("stop").await?;
                     let message = eventually("the backstop's refusal", WAIT, || async {
                         match dry_run(&pods, &bare).await {
                             Err(e) if refusal(&e).contains("lacks its sidecar") => Ok(Some(refusal(&e))),
@@ -354,7 +345,7 @@ async fn p02_backstop_refuses_what_the_injector_did_not_reach() -> anyhow::Resul
                     anyhow::Ok(())
                 }
                 .await;
-                let started = injector("start").await;
+                let started = cx.env.injector("start").await;
                 body.and(started)?;
                 let stored = eventually("an opted-in pod admitted injected", WAIT, || async {
                     Ok(dry_run(&pods, &opted_in("back")).await.ok().filter(|p| status_annotation(p).is_some()))

@@ -764,22 +764,6 @@ async fn s10_server_down_blocks_only_opted_in_pods() -> anyhow::Result<()> {
         "s10-server-down",
         &[Need::ProcessControl],
         |cx| async move {
-            let ctl = cx.env.injector_ctl.clone().context("no E2E_INJECTOR_CTL")?;
-            let injector = |action: &'static str| {
-                let ctl = ctl.clone();
-                async move {
-                    let status = tokio::process::Command::new(&ctl)
-                        .arg(action)
-                        .status()
-                        .await?;
-                    ensure!(
-                        status.success(),
-                        "{} {action} failed: {status}",
-                        ctl.display()
-                    );
-                    anyhow::Ok(())
-                }
-            };
             let client = cx.client.clone();
             let config = cx.env.webhook_config.clone();
             let ns = cx.ns.clone();
@@ -792,7 +776,7 @@ async fn s10_server_down_blocks_only_opted_in_pods() -> anyhow::Result<()> {
                     Ok(())
                 },
                 || async {
-                    injector("stop").await?;
+                    cx.env.injector("stop").await?;
                     let body = async {
                         let needle = format!("failed calling webhook \"{MUTATING_WEBHOOK}\"");
                         wait_for_refusal(&cx.client, &cx.ns, &needle).await?;
@@ -820,13 +804,13 @@ async fn s10_server_down_blocks_only_opted_in_pods() -> anyhow::Result<()> {
                     }
                     .await;
                     // Restore the server before the configuration (which waits for injection).
-                    body.and(injector("start").await)
+                    body.and(cx.env.injector("start").await)
                 },
             )
             .await;
             if outcome.is_err() {
                 // Whatever failed, leave a server running for the scenarios after this one.
-                let _ = injector("start").await;
+                let _ = cx.env.injector("start").await;
             }
             outcome?;
             wait_for_injection(&cx.client, &cx.ns).await?;

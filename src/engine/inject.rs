@@ -31,6 +31,9 @@ pub enum SkipReason {
     ExcludedNamespace(String),
     HostNetwork,
     Windows,
+    /// The API server will refuse the pod whatever is added (no spec, no containers...): it is
+    /// let through unchanged, so that the person sees the API server's own error.
+    Malformed(&'static str),
 }
 
 impl std::fmt::Display for SkipReason {
@@ -42,6 +45,10 @@ impl std::fmt::Display for SkipReason {
             Self::HostNetwork => f.write_str("hostNetwork pods are skipped (skip.hostNetwork)"),
             Self::Windows => f.write_str(
                 "Windows pods are skipped: no selected template sets supportsWindows (skip.windows)",
+            ),
+            Self::Malformed(what) => write!(
+                f,
+                "{what}, so the API server refuses it whatever is added; it is left as it is, for the API server to say what to fix, and injected once it can be created"
             ),
         }
     }
@@ -798,6 +805,9 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
             facts.namespace.to_owned(),
         )));
     }
+    if let Some(what) = malformed(facts.pod) {
+        return Ok(Decision::Skip(SkipReason::Malformed(what)));
+    }
     let spec = facts.pod.spec.as_ref();
     if cfg.skip.host_network && spec.and_then(|s| s.host_network).unwrap_or(false) {
         return Ok(Decision::Skip(SkipReason::HostNetwork));
@@ -875,6 +885,30 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         status,
         notes,
     }))
+}
+
+/// What makes a pod one the API server refuses whatever a patch adds, and that a patch could
+/// not even be written for: no metadata, no spec, no containers, a container with no name.
+/// (A field of the wrong type is refused where it is read: see [`InjectError::Unread`].)
+fn malformed(pod: &PodView<'_>) -> Option<&'static str> {
+    if pod.metadata.is_none() {
+        return Some("the pod has no metadata");
+    }
+    let Some(spec) = &pod.spec else {
+        return Some("the pod has no spec");
+    };
+    if spec.containers().is_empty() {
+        return Some("the pod has no spec.containers");
+    }
+    if spec
+        .containers()
+        .iter()
+        .chain(spec.init_containers())
+        .any(|c| c.name.is_empty())
+    {
+        return Some("a container of the pod has no name");
+    }
+    None
 }
 
 /// The template names a pod asks for: its annotation, else the configured default.

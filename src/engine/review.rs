@@ -309,6 +309,11 @@ pub fn answer_typed(
     entry: Entry,
     body: &[u8],
 ) -> Result<Answer, ReviewError> {
+    if let Some(what) = not_an_object(body) {
+        return Err(ReviewError::Unreadable(format!(
+            "{what} is not a JSON object"
+        )));
+    }
     let review: AdmissionReview<Pod> = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(error) => return refuse_unreadable(body, &error),
@@ -425,6 +430,18 @@ fn base(api_version: &str, uid: &str) -> AdmissionResponse {
 
 /// A body that does not parse as a review of a pod: answer with its uid when one can be read
 /// (the API server then shows our message), else report it to the caller as a 400.
+/// serde's derive reads a struct from a JSON array too, by position: a review, or its
+/// `request`, written as an array would be read field by field. The API server never sends
+/// one; it is unreadable, and named. (The view refuses both already: only this road needs it.)
+fn not_an_object(body: &[u8]) -> Option<&'static str> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    match value.get("request") {
+        _ if !value.is_object() => Some("the AdmissionReview"),
+        Some(request) if !request.is_object() && !request.is_null() => Some("its request"),
+        _ => None,
+    }
+}
+
 fn refuse_unreadable(body: &[u8], error: &serde_json::Error) -> Result<Answer, ReviewError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
@@ -880,6 +897,25 @@ pub fn encode(mut response: AdmissionResponse) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A review, or its request, written as a JSON array is unreadable: serde's derive would
+    /// read it field by field.
+    #[test]
+    fn a_request_that_is_not_an_object_is_unreadable() {
+        let inj = Injector::embedded(None).expect("the embedded configuration loads");
+        for body in [
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":["u",{"group":"","version":"v1","kind":"Pod"}]}"#,
+            r#"["admission.k8s.io/v1","AdmissionReview"]"#,
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":"u"}"#,
+        ] {
+            match answer(&inj, Webhook::Mutate, body.as_bytes()) {
+                Err(ReviewError::Unreadable(why)) => {
+                    assert!(why.contains("not a JSON object"), "{why}")
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+    }
 
     /// The straight writer and the general encoder write the same bytes for every allowed
     /// response: with and without warnings, audit annotations and a patch, with strings that

@@ -109,14 +109,6 @@ pub fn pointer_token(key: &str) -> String {
     key.replace('~', "~0").replace('/', "~1")
 }
 
-/// `object.metadata.<map>[key]`, or "" when absent.
-pub fn meta(map: &str, key: &str) -> String {
-    let k = string(key);
-    format!(
-        "((has(object.metadata.{map}) && {k} in object.metadata.{map}) ? object.metadata.{map}[{k}] : \"\")"
-    )
-}
-
 /// Whether the pod is one the injector never touches: an excluded namespace, or `hostNetwork`
 /// when it is skipped. (Windows is per template.)
 pub fn not_skipped(inj: &Injector) -> Vec<(&'static str, String)> {

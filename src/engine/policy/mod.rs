@@ -14,8 +14,6 @@
 pub mod cel;
 pub mod symbolic;
 
-use std::collections::BTreeSet;
-
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
@@ -746,13 +744,4 @@ pub fn to_yaml(docs: &[Value]) -> Result<String, ExportError> {
         }
     }
     Ok(out)
-}
-
-/// The names every policy of an export may create, for tests and the chart.
-pub fn names(inj: &Injector) -> BTreeSet<String> {
-    let base = base_name(inj);
-    let mut out = BTreeSet::new();
-    out.insert(base.clone());
-    out.insert(format!("{base}-backstop"));
-    out
 }
