@@ -19,16 +19,22 @@ cargo=${CARGO:-cargo}
 # (tools/pgo-build.sh; trained on the golden suite's reviews, not on the bench's). Every cargo
 # command below then builds with the same flags into the same directory, so nothing is built
 # twice. One invocation there: the webhook and the bench programs share one feature
-# resolution, so the webhook's crate is compiled once, not once per program. Without an
-# llvm-profdata for rustc's LLVM the bench measures a plain release build and says so.
+# resolution, so the webhook's crate is compiled once, not once per program. pgo-build.sh
+# installs rustup's llvm-tools when no llvm-profdata is there; if the profile-guided build
+# still fails, the bench stops: the goals are judged on the build the image ships, never on
+# another (a plain release build missed them on a fresh machine). BENCH_PLAIN=1 measures a
+# plain release build on purpose, and the report says so.
 pgo=true
-if pgo_env=$(CARGO="$cargo" bash tools/pgo-build.sh --env); then
-  eval "$pgo_env"
-else
-  echo "WARNING: tools/pgo-build.sh failed (above): measuring a plain release build," \
-    "not the image's" >&2
+if [[ "${BENCH_PLAIN:-0}" == 1 ]]; then
   pgo=false
   "$cargo" build --release -p sidecar-injector -p sidecar-injector-bench --bins
+elif pgo_env=$(CARGO="$cargo" bash tools/pgo-build.sh --env); then
+  eval "$pgo_env"
+else
+  echo "ERROR: tools/pgo-build.sh failed (above): the image's profile-guided build is what the" \
+    "goals are judged on. Fix it, or run BENCH_PLAIN=1 make bench to measure a plain release" \
+    "build (reported as such)." >&2
+  exit 1
 fi
 
 # Criterion writes under CRITERION_HOME; keep it with the summary whatever CARGO_TARGET_DIR is.

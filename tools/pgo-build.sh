@@ -36,14 +36,24 @@ base=${CARGO_TARGET_DIR:-$PWD/target}
 log() { echo "[pgo $(date -u +%H:%M:%S)] $*" >&2; }
 
 llvm_major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
-profdata=""
-for candidate in "$(rustc --print sysroot)"/lib/rustlib/*/bin/llvm-profdata \
-  "/usr/lib/llvm-$llvm_major/bin/llvm-profdata" "$(command -v "llvm-profdata-$llvm_major" || true)"; do
-  if [[ -x $candidate ]]; then
-    profdata=$candidate
-    break
-  fi
-done
+find_profdata() {
+  local candidate
+  for candidate in "$(rustc --print sysroot)"/lib/rustlib/*/bin/llvm-profdata \
+    "/usr/lib/llvm-$llvm_major/bin/llvm-profdata" "$(command -v "llvm-profdata-$llvm_major" || true)"; do
+    if [[ -x $candidate ]]; then
+      echo "$candidate"
+      return
+    fi
+  done
+}
+profdata=$(find_profdata)
+# A fresh machine with rustup has none: rustup's llvm-tools component is rustc's own LLVM
+# (installed once, beside the toolchain, as the Dockerfile's builder does).
+if [[ -z $profdata ]] && command -v rustup >/dev/null; then
+  log "no llvm-profdata: rustup component add llvm-tools"
+  rustup component add llvm-tools >&2 || true
+  profdata=$(find_profdata)
+fi
 if [[ -z $profdata ]]; then
   echo "tools/pgo-build.sh: no llvm-profdata for LLVM $llvm_major (rustc's): run" \
     "'rustup component add llvm-tools' or install llvm-$llvm_major" >&2

@@ -143,12 +143,15 @@ pub fn excluded(inj: &Injector) -> Vec<String> {
 pub const WINDOWS: &str = "(has(object.spec) && ((has(object.spec.os) && has(object.spec.os.name) && object.spec.os.name == \"windows\") || (has(object.spec.nodeSelector) && \"kubernetes.io/os\" in object.spec.nodeSelector && object.spec.nodeSelector[\"kubernetes.io/os\"] == \"windows\")))";
 
 /// The names of the templates the pod asks for (its annotation, trimmed, empty names left
-/// out, each once; or the configured defaults), in order.
-pub fn asked(inj: &Injector) -> String {
+/// out; or the configured defaults), in order; with `once`, each once (`distinct()`, a list
+/// function of Kubernetes 1.34+: the backstop, which runs from 1.30, only tests membership and
+/// does without it).
+pub fn asked(inj: &Injector, once: bool) -> String {
     let cfg = &inj.config;
     let key = string(&cfg.templates_annotation);
+    let distinct = if once { ".distinct()" } else { "" };
     format!(
-        "((has(object.metadata.annotations) && {key} in object.metadata.annotations) ? object.metadata.annotations[{key}].split(\",\").map(n, n.trim()).filter(n, n != \"\").distinct() : {})",
+        "((has(object.metadata.annotations) && {key} in object.metadata.annotations) ? object.metadata.annotations[{key}].split(\",\").map(n, n.trim()).filter(n, n != \"\"){distinct} : {})",
         strings(cfg.default_templates.iter().map(String::as_str))
     )
 }

@@ -358,14 +358,14 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
     );
     let name_expr = "(has(object.metadata.name) && object.metadata.name != \"\" ? object.metadata.name : (has(object.metadata.generateName) ? object.metadata.generateName + \"*\" : \"\"))";
     let variables = json!([
-        {"name": "asked", "expression": cel::asked(inj)},
+        {"name": "asked", "expression": cel::asked(inj, false)},
         {"name": "unknown", "expression": format!("variables.asked.filter(n, !(n in {known}))")},
         {"name": "injected", "expression": cel::injected(inj, "variables.asked", &windows_ok)},
         {"name": "containers", "expression": "has(object.spec.containers) ? object.spec.containers.map(c, c.name) : []"},
         {"name": "initContainers", "expression": "has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : []"},
         {"name": "names", "expression": "variables.containers + variables.initContainers"},
         {"name": "kept", "expression": kept},
-        {"name": "missing", "expression": format!("[{}].flatten()", join_or_empty(&missing))},
+        {"name": "missing", "expression": join_or_empty(&missing)},
         {"name": "problems", "expression": format!("[{}].filter(p, p != \"\")", problems.join(",\n"))},
     ]);
     let action = match cfg.validation.mode {
@@ -423,11 +423,17 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
     Ok(docs)
 }
 
+/// Lists joined with `+` (no `flatten()`: a list function of Kubernetes 1.34+, and the
+/// backstop runs from 1.30).
 fn join_or_empty(items: &[String]) -> String {
     if items.is_empty() {
         "[\"\"]".into()
     } else {
-        items.join(",\n")
+        items
+            .iter()
+            .map(|i| format!("({i})"))
+            .collect::<Vec<_>>()
+            .join("\n+ ")
     }
 }
 
@@ -583,7 +589,7 @@ pub fn mutating(
     // Labels and annotations the templates set, where the pod has none of that key (the
     // first template injected that sets a key gives its value), then the status.
     let variables = vec![
-        json!({"name": "asked", "expression": cel::asked(inj)}),
+        json!({"name": "asked", "expression": cel::asked(inj, true)}),
         json!({"name": "injected", "expression": cel::injected(inj, "variables.asked", &windows_ok)}),
         json!({"name": "names", "expression": "object.spec.containers.map(c, c.name) + (has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : [])"}),
         json!({"name": "sidecars", "expression": format!("variables.injected.map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}),
@@ -645,11 +651,11 @@ pub fn mutating(
     let mut match_conditions = conditions(inj);
     match_conditions.push(json!({
         "name": "known-templates",
-        "expression": format!("{}.all(n, n in {known})", cel::asked(inj)),
+        "expression": format!("{}.all(n, n in {known})", cel::asked(inj, true)),
     }));
     match_conditions.push(json!({
         "name": "injects-a-template",
-        "expression": format!("{}.size() > 0", cel::injected(inj, &cel::asked(inj), &windows_ok)),
+        "expression": format!("{}.size() > 0", cel::injected(inj, &cel::asked(inj, true), &windows_ok)),
     }));
     let mut docs = vec![json!({
         "apiVersion": api,
