@@ -69,8 +69,11 @@ pub enum Command {
     Outdated(outdated::OutdatedArgs),
     /// Export the configuration as admission policies the API server runs by itself (CEL, no
     /// webhook call): a ValidatingAdmissionPolicy that refuses opted-in pods the injector did
-    /// not reach (`backstop`), or a MutatingAdmissionPolicy per template that injects without
-    /// the injector (`mutating`). YAML on standard output, for `kubectl apply -f -`.
+    /// not reach (`backstop`), or one MutatingAdmissionPolicy, for every template, that
+    /// injects without the injector (`mutating`). Each with a binding per opt-in rule, selecting
+    /// the pods the chart's webhook entries select (the injector's own namespace, from
+    /// SIDECAR_INJECTOR_NAMESPACE, is never matched). YAML on standard output, for
+    /// `kubectl apply -f -`.
     ///
     /// A template that cannot be written as CEL (a loop or condition on the pod, per-pod
     /// overrides, reading the pod's spec) is refused with its line and the reason; nothing is
@@ -105,9 +108,9 @@ fn configmap_injector(file: &std::path::Path) -> anyhow::Result<crate::engine::c
 /// What `export` writes.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum ExportKind {
-    /// ValidatingAdmissionPolicy + binding (admissionregistration.k8s.io/v1, Kubernetes 1.30+).
+    /// ValidatingAdmissionPolicy and its bindings (admissionregistration.k8s.io/v1, Kubernetes 1.30+).
     Backstop,
-    /// MutatingAdmissionPolicy + binding per template (v1: Kubernetes 1.36+).
+    /// MutatingAdmissionPolicy and its bindings (v1: Kubernetes 1.36+; v1beta1: 1.34-1.35).
     Mutating,
 }
 
@@ -143,7 +146,12 @@ pub struct ExportArgs {
     pub check_images: bool,
     /// Read the configuration and templates from the chart's ConfigMap instead (a manifest,
     /// e.g. `helm template ... --show-only templates/configmap.yaml`), or - for standard input.
-    #[arg(long, value_name = "FILE|-", conflicts_with = "path")]
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_CONFIGMAP",
+        value_name = "FILE|-",
+        conflicts_with = "path"
+    )]
     pub configmap: Option<PathBuf>,
     #[command(flatten)]
     pub config: ConfigArg,
