@@ -728,7 +728,8 @@ fn project_spec(
     Ok(Value::Object(out))
 }
 
-fn revision_name(revision: &str) -> String {
+/// A revision in words: "the default revision" or `revision "canary"`.
+pub fn revision_name(revision: &str) -> String {
     match revision {
         "" => "the default revision".into(),
         r => format!("revision {r:?}"),

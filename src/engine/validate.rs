@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Container;
 use serde_json::Value;
 
 use crate::engine::config::Injector;
-use crate::engine::inject::{Plan, Status};
+use crate::engine::inject::{Plan, Status, revision_name};
 use crate::engine::view::{ContainerView, PodView};
 
 /// The container fields the injector owns: changing any of them on a sidecar is a finding.
@@ -108,8 +108,8 @@ pub fn findings(
         )),
         Some(Ok(status)) if status.revision != inj.config.revision => out.push(format!(
             "annotation {key} says {} injected the pod, but it belongs to {}",
-            revision_words(&status.revision),
-            revision_words(&inj.config.revision)
+            revision_name(&status.revision),
+            revision_name(&inj.config.revision)
         )),
         Some(Ok(status)) if status.templates == wanted => {}
         Some(Ok(status)) => out.push(format!(
@@ -168,13 +168,6 @@ pub fn sidecars_changed(
         }
     }
     Ok(out)
-}
-
-fn revision_words(revision: &str) -> String {
-    match revision {
-        "" => "the default revision".into(),
-        r => format!("revision {r:?}"),
-    }
 }
 
 /// The owned fields that differ between what the template renders and what the pod carries.

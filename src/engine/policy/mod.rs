@@ -4,8 +4,8 @@
 //! - [`backstop`]: a ValidatingAdmissionPolicy holding what CEL can check of the validator's
 //!   contract, so that an opted-in pod the injector did not reach is refused with a message
 //!   that says so, whatever the webhooks' failure policies.
-//! - [`mutating`]: a MutatingAdmissionPolicy per template, whose JSONPatch adds what the
-//!   webhook adds (only what is missing), so that the API server injects by itself.
+//! - [`mutating`]: one MutatingAdmissionPolicy for every template, whose JSONPatch adds what
+//!   the webhook adds (only what is missing), so that the API server injects by itself.
 //!
 //! Both are another rendering of the same decision: who is opted in and skipped, which
 //! templates a pod asks for, what each template renders ([`symbolic`]). Documents are JSON
@@ -18,15 +18,15 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
 use crate::engine::config::{Injector, NAMESPACE_ENABLED, ValidationMode};
+use crate::engine::inject::revision_name;
 use crate::engine::policy::symbolic::{Refusal, Symbolic};
 use crate::engine::template::{Fragment, TEMPLATE_SUFFIX};
 
 /// The API version of `admissionregistration.k8s.io` a MutatingAdmissionPolicy is written in:
 /// `v1` from Kubernetes 1.36; `v1beta1` for 1.34-1.35 with the `MutatingAdmissionPolicy`
 /// feature gate and its runtime-config.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MutatingVersion {
-    #[default]
     V1,
     V1beta1,
 }
@@ -50,36 +50,21 @@ pub struct Selection {
     pub disabled_label: String,
 }
 
-impl Default for Selection {
-    fn default() -> Self {
-        Self {
-            namespace_opt_in: true,
-            disabled_label: "sidecar-injector.io/disabled".into(),
-        }
-    }
-}
-
 /// Why the configuration cannot be exported. Nothing is written then.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
     #[error("the configuration has no templates: there is nothing to export")]
     NoTemplates,
     #[error(
-        "the configuration is {}, not {asked}: export the configuration of that revision (--config)",
-        revision_words(have)
+        "the configuration is {}, not {}: export the configuration of that revision (--config)",
+        revision_name(have),
+        revision_name(asked)
     )]
     Revision { have: String, asked: String },
     #[error("the policies could not be written as YAML: {0}")]
     Yaml(String),
     #[error("{}", describe_refusals(.0))]
     Refused(Vec<(String, Refusal)>),
-}
-
-fn revision_words(r: &str) -> String {
-    match r {
-        "" => "the default revision".into(),
-        r => format!("revision {r:?}"),
-    }
 }
 
 fn describe_refusals(all: &[(String, Refusal)]) -> String {
@@ -106,7 +91,7 @@ pub fn check_revision(inj: &Injector, asked: Option<&str>) -> Result<(), ExportE
     match asked {
         Some(asked) if asked != inj.config.revision => Err(ExportError::Revision {
             have: inj.config.revision.clone(),
-            asked: revision_words(asked),
+            asked: asked.to_owned(),
         }),
         _ => Ok(()),
     }
@@ -125,14 +110,10 @@ fn read_all(inj: &Injector) -> Result<Vec<(String, Symbolic)>, ExportError> {
             let keys: Vec<&str> = declared.keys().map(String::as_str).collect();
             refused.push((
                 name.clone(),
-                Refusal {
-                    line: 0,
-                    construct: String::new(),
-                    reason: format!(
-                        "it declares per-pod overrides ({}): the webhook refuses a pod whose value is not allowed, and a mutating policy cannot refuse",
-                        keys.join(", ")
-                    ),
-                },
+                Refusal::whole(format!(
+                    "it declares per-pod overrides ({}): the webhook refuses a pod whose value is not allowed, and a mutating policy cannot refuse",
+                    keys.join(", ")
+                )),
             ));
         }
         match symbolic::read(inj, &name) {
@@ -228,24 +209,18 @@ fn labels(inj: &Injector) -> Value {
     labels
 }
 
-/// The templates that may be injected into Windows pods.
-fn windows_ok(inj: &Injector) -> Vec<String> {
-    inj.templates
-        .names()
-        .filter(|n| {
-            // A template that does not render for a sample pod never loads; the bundled sample
-            // is what the set checked.
-            inj.templates
-                .source(n)
-                .is_some_and(|s| s.contains("supportsWindows: true"))
-        })
-        .map(str::to_owned)
+/// The templates that may be injected into Windows pods, as their renderings say.
+fn windows_ok(fragments: &[(String, Fragment)]) -> Vec<&str> {
+    fragments
+        .iter()
+        .filter(|(_, f)| f.supports_windows)
+        .map(|(n, _)| n.as_str())
         .collect()
 }
 
 /// The sidecar names of each template, in the webhook's order (containers, then init
 /// containers), as a CEL map from template name to list.
-fn sidecars_by_template(all: &[(String, &Fragment)]) -> String {
+fn sidecars_by_template(all: &[(String, Fragment)]) -> String {
     let entries: Vec<String> = all
         .iter()
         .map(|(name, f)| {
@@ -261,7 +236,7 @@ fn sidecars_by_template(all: &[(String, &Fragment)]) -> String {
 /// What a ServiceAccount token volume looks like (its name is random; the status leaves it out).
 const TOKEN_VOLUME: &str = "(v.name.startsWith(\"kube-api-access-\") && has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(s, has(s.serviceAccountToken)))";
 
-/// The ValidatingAdmissionPolicy and its binding.
+/// The ValidatingAdmissionPolicy and its bindings.
 /// `images`: also refuse a sidecar whose image is not the one its template fixes. Off unless
 /// asked: such a backstop must change in the same instant as the injector's configuration (a
 /// reload, a rollout), or it refuses pods the injector injected with the other version.
@@ -287,8 +262,7 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
     let cfg = &inj.config;
     let base = base_name(inj);
     let status = cel::string(&cfg.status_annotation);
-    let windows_ok = windows_ok(inj);
-    let windows_ok: Vec<&str> = windows_ok.iter().map(String::as_str).collect();
+    let windows_ok = windows_ok(&fragments);
     let known = cel::strings(names.iter().map(String::as_str));
     let mut missing = Vec::new();
     let mut problems = Vec::new();
@@ -365,7 +339,7 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
         {"name": "initContainers", "expression": "has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : []"},
         {"name": "names", "expression": "variables.containers + variables.initContainers"},
         {"name": "kept", "expression": kept},
-        {"name": "missing", "expression": join_or_empty(&missing)},
+        {"name": "missing", "expression": format!("({}).filter(m, m != \"\")", join_or_empty(&missing))},
         {"name": "problems", "expression": format!("[{}].filter(p, p != \"\")", problems.join(",\n"))},
     ]);
     let action = match cfg.validation.mode {
@@ -393,14 +367,14 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
                     "reason": "Invalid",
                 },
                 {
-                    "expression": "variables.unknown.size() > 0 || variables.missing.filter(m, m != \"\").size() == 0",
+                    "expression": "variables.unknown.size() > 0 || variables.missing.size() == 0",
                     "messageExpression": format!(
-                        "\"pod \" + {name_expr} + \" lacks its sidecar(s) \" + variables.missing.filter(m, m != \"\").join(\", \") + \": the sidecar injector did not run for it (is it down, or its webhook unreachable?). Create the pod again once the injector is running; `kubectl get pods -n <injector namespace>` shows it.\""
+                        "\"pod \" + {name_expr} + \" lacks its sidecar(s) \" + variables.missing.join(\", \") + \": the sidecar injector did not run for it (is it down, or its webhook unreachable?). Create the pod again once the injector is running; `kubectl get pods -n <injector namespace>` shows it.\""
                     ),
                     "reason": "Invalid",
                 },
                 {
-                    "expression": "variables.unknown.size() > 0 || variables.missing.filter(m, m != \"\").size() > 0 || variables.problems.size() == 0",
+                    "expression": "variables.unknown.size() > 0 || variables.missing.size() > 0 || variables.problems.size() == 0",
                     "messageExpression": format!("\"pod \" + {name_expr} + \": \" + variables.problems.join(\"; \")"),
                     "reason": "Invalid",
                 },
@@ -443,16 +417,7 @@ fn sample_fragment(inj: &Injector, name: &str) -> Result<Fragment, ExportError> 
     inj.templates
         .sample(name)
         .map(|f| (*f).clone())
-        .map_err(|e| {
-            ExportError::Refused(vec![(
-                name.to_owned(),
-                Refusal {
-                    line: 0,
-                    construct: String::new(),
-                    reason: e.to_string(),
-                },
-            )])
-        })
+        .map_err(|e| refused(name, e.to_string()))
 }
 
 /// The policy's stand-in for the status hash: CEL has no hash function, so the policy records
@@ -489,11 +454,12 @@ pub fn mutating(
     let owned = inj.templates.owned();
     let base = base_name(inj);
     let api = format!("admissionregistration.k8s.io/{}", version.as_str());
-    let windows_ok = windows_ok(inj);
-    let windows_ok: Vec<&str> = windows_ok.iter().map(String::as_str).collect();
     let known = cel::strings(all.iter().map(|(n, _)| n.as_str()));
-    let fragments: Vec<(String, &Fragment)> =
-        all.iter().map(|(n, s)| (n.clone(), &s.fragment)).collect();
+    let fragments: Vec<(String, Fragment)> = all
+        .iter()
+        .map(|(n, s)| (n.clone(), s.fragment.clone()))
+        .collect();
+    let windows_ok = windows_ok(&fragments);
     let hash = export_hash(&all);
     let sidecars = sidecars_by_template(&fragments);
 
@@ -688,14 +654,7 @@ pub fn mutating(
 }
 
 fn refused(name: &str, reason: String) -> ExportError {
-    ExportError::Refused(vec![(
-        name.to_owned(),
-        Refusal {
-            line: 0,
-            construct: String::new(),
-            reason,
-        },
-    )])
+    ExportError::Refused(vec![(name.to_owned(), Refusal::whole(reason))])
 }
 
 /// The status annotation the webhook writes, as CEL: the templates injected, the export's
@@ -738,7 +697,7 @@ fn status_expr(inj: &Injector, hash: &str, owned: &crate::engine::template::Owne
     )
 }
 
-/// Documents as one YAML stream, each with a header comment saying what wrote it.
+/// Documents as one YAML stream.
 pub fn to_yaml(docs: &[Value]) -> Result<String, ExportError> {
     let mut out = String::new();
     for doc in docs {

@@ -42,6 +42,17 @@ pub struct Refusal {
     pub reason: String,
 }
 
+impl Refusal {
+    /// A refusal of the whole template, not of one construct.
+    pub fn whole(reason: String) -> Self {
+        Self {
+            line: 0,
+            construct: String::new(),
+            reason,
+        }
+    }
+}
+
 impl std::fmt::Display for Refusal {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.line {
@@ -86,13 +97,7 @@ struct Emit {
 
 /// Reads template `name` of `inj` for every pod.
 pub fn read(inj: &Injector, name: &str) -> Result<Symbolic, Vec<Refusal>> {
-    let whole = |reason: String| {
-        vec![Refusal {
-            line: 0,
-            construct: String::new(),
-            reason,
-        }]
-    };
+    let whole = |reason: String| vec![Refusal::whole(reason)];
     let set = &inj.templates;
     let source = set
         .source(name)
