@@ -8,7 +8,11 @@ CARGO ?= cargo
 # turns on its beta).
 K8S_VERSIONS ?= v1.35.8 v1.37.2
 
-.PHONY: run test test-unit test-chart test-e2e test-e2e-node control-plane lint fuzz bench build release help
+# The image `docker build` makes of the Dockerfile (e2e/docker/build-image.sh: a private engine,
+# local stand-ins for the base images, no registry), saved here for the suites that load it.
+IMAGE_ARCHIVE ?= $(or $(SIDECAR_INJECTOR_CACHE),$(HOME)/.cache/sidecar-injector)/docker/images/sidecar-injector-e2e.tar
+
+.PHONY: run test test-unit test-chart test-e2e test-e2e-node control-plane image lint fuzz bench build release help
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/'
@@ -43,11 +47,14 @@ control-plane: ## Build (or reuse) kube-apiserver, kube-controller-manager, kube
 test-e2e: ## The scenarios against a real kube-apiserver + etcd on 127.0.0.1, on each of K8S_VERSIONS.
 	for v in $(K8S_VERSIONS); do K8S_VERSION=$$v bash e2e/run.sh; done
 
-test-e2e-node: ## The scenarios on a real node: a whole cluster in its own network namespace (root), on each of K8S_VERSIONS.
-	for v in $(K8S_VERSIONS); do K8S_VERSION=$$v bash e2e/node/run.sh; done
+image: ## docker build of the Dockerfile by a private Docker engine in its own network namespace (root; no registry: local stand-ins for the base images), saved to IMAGE_ARCHIVE.
+	bash e2e/docker/build-image.sh $(IMAGE_ARCHIVE)
+
+test-e2e-node: image ## The scenarios on a real node: a whole cluster in its own network namespace (root), on each of K8S_VERSIONS, the injector's image from `make image`.
+	for v in $(K8S_VERSIONS); do K8S_VERSION=$$v E2E_IMAGE_ARCHIVE=$(IMAGE_ARCHIVE) bash e2e/node/run.sh; done
 
 # The control plane is built before the chart tests, which also install the chart into it.
-test: lint test-unit control-plane test-chart test-e2e test-e2e-node ## Everything CI runs.
+test: lint test-unit control-plane test-chart test-e2e image test-e2e-node ## Everything CI runs.
 
 bench: ## Benchmarks, with Istio's injector as the peer row (the image's profile-guided release build, tools/pgo-build.sh; loopback only; about 14 minutes, plus the first builds: about 15 for PGO, about 5 for the peer).
 	bash bench/run.sh

@@ -7,8 +7,9 @@
 #  1. e2e/node/install.sh (containerd, runc, CNI plugins, busybox-static from Debian),
 #     tools/install.sh (helm, kubectl), e2e/control-plane/build.sh (now with kubelet and
 #     kube-scheduler), the release binary, the debug binary and the suite;
-#  2. images.sh: OCI image tars of busybox, pause, the proxy and log-shipper stand-ins, and the
-#     injector in the Dockerfile's layout.
+#  2. images.sh: OCI image tars of busybox, pause, the proxy and log-shipper stand-ins; the
+#     injector's image is the one `docker build` makes of the Dockerfile
+#     (e2e/docker/build-image.sh, or E2E_IMAGE_ARCHIVE when the caller built it already).
 # Inside (this script again, under unshare):
 #  3. control plane (up.sh with CONTROL_PLANE_NODE_IP) + node (node.sh: containerd, kubelet,
 #     scheduler), node Ready;
@@ -23,6 +24,9 @@
 # Ends with "N passed, M failed"; WORKDIR is kept after a failure.
 #   env KEEP_WORKDIR=1  keep WORKDIR after a pass too
 #   env E2E_TEST_FILTER run only scenarios whose name contains this
+#   env E2E_IMAGE_ARCHIVE the injector's image as `docker save` wrote it, tagged
+#                       local/sidecar-injector:e2e (make test builds it once for every suite);
+#                       default: built here by e2e/docker/build-image.sh
 set -euo pipefail
 
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -48,8 +52,7 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   bash "$REPO/tools/install.sh"
   log "control plane and node binaries: e2e/control-plane/build.sh"
   BIN_DIR=$("$E2E/control-plane/build.sh" | tail -n1)
-  log "building the release binary (for the image), the debug binary and the suite"
-  "$CARGO" build --release --bin sidecar-injector
+  log "building the debug binary and the suite"
   "$CARGO" build --bin sidecar-injector
   TARGET_DIR=$(e2e_target_dir "$CARGO") || exit 1
   E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
@@ -57,7 +60,13 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   WORKDIR=$(mktemp -d -t sidecar-injector-node.XXXXXX)
   log "WORKDIR $WORKDIR"
   IMAGES="$WORKDIR/images"
-  bash "$HERE/images.sh" "$IMAGES" "$TARGET_DIR/release/sidecar-injector" >"$WORKDIR/images.txt"
+  bash "$HERE/images.sh" "$IMAGES" >"$WORKDIR/images.txt"
+  if [[ -n "${E2E_IMAGE_ARCHIVE:-}" ]]; then
+    [[ -s "$E2E_IMAGE_ARCHIVE" ]] || die "E2E_IMAGE_ARCHIVE=$E2E_IMAGE_ARCHIVE is not an image archive"
+    cp "$E2E_IMAGE_ARCHIVE" "$IMAGES/sidecar-injector.tar"
+  else
+    bash "$E2E/docker/build-image.sh" "$IMAGES/sidecar-injector.tar"
+  fi
   rc=0
   E2E_NODE_INSIDE=1 WORKDIR="$WORKDIR" BIN_DIR="$BIN_DIR" TARGET_DIR="$TARGET_DIR" TOTAL="$TOTAL" \
     unshare --net --mount --propagation private -- bash "$HERE/run.sh" || rc=$?
