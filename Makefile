@@ -38,7 +38,7 @@ FUZZ_SECONDS ?= 300
 fuzz: ## Fuzz the review parser and patch builder for FUZZ_SECONDS (default 300; FUZZ_SEED replays a run).
 	FUZZ_SECONDS=$(FUZZ_SECONDS) $(CARGO) test --test fuzz -- --nocapture
 
-test-chart: ## helm lint, chart snapshots and webhook-field checks, hadolint.
+test-chart: ## helm lint, chart snapshots and webhook-field checks, promtool tests of the alert rules, hadolint.
 	bash charts/test.sh
 
 control-plane: ## Build (or reuse) kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd for each of K8S_VERSIONS, cached outside the checkout.

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Checks the Helm chart and the Dockerfile: helm lint, helm template snapshots (Helm 4 and
-# Helm 3), the chart's pytest suite, hadolint. The pytest suite also runs the chart against a
+# Helm 3), the alert rules (promtool check rules and the unit tests of tests/alerts/), the
+# chart's pytest suite, hadolint. The pytest suite also runs the chart against a
 # real kube-apiserver on 127.0.0.1 and its config through the real binary, when those are
 # already built. Ends with the line "N passed, M failed"; exits non-zero if anything failed.
 #   charts/test.sh                      run everything
 #   UPDATE_SNAPSHOTS=1 charts/test.sh   rewrite tests/snapshots/ from the current chart
-# Tools come from tools/install.sh (cached outside the checkout). Nothing here talks to an
+# Tools come from tools/install.sh and tools/prometheus.sh (cached outside the checkout). Nothing here talks to an
 # existing cluster: KUBECONFIG points at nothing (the apiserver tests start their own).
 set -uo pipefail
 
@@ -20,6 +21,12 @@ source "$root/tools/env.sh"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# promtool, built from the Go module proxy the first time (a few minutes), then cached.
+prometheus_bin="$(bash "$root/tools/prometheus.sh" 2>"$work/prometheus-build.log" | tail -n1)" || {
+  tail -n 20 "$work/prometheus-build.log"
+  echo "0 passed, 1 failed"
+  exit 1
+}
 export KUBECONFIG="$work/no-kubeconfig"
 export PYTHONDONTWRITEBYTECODE=1
 
@@ -80,6 +87,26 @@ package() { # HELM: the packaged chart carries the templates behind the link as 
   if grep -q "sidecar-injector/tests/" <<<"$listing"; then echo "tests/ packaged"; return 1; fi
 }
 
+# The rules as the chart renders them with its defaults (release sidecar-injector in namespace
+# sidecar-injector, as tests/alerts/ expects), beside the unit tests that load them.
+alert_rules() { # HELM
+  local dir="$work/alerts-$1"
+  mkdir -p "$dir"
+  HELM="$1" quiet_helm python "$root/charts/prometheus-rules.py" --namespace sidecar-injector \
+    >"$dir/rules.yaml" || return 1
+  cp "$chart/tests/alerts/"*.yaml "$dir/"
+}
+promtool_check() { # HELM
+  alert_rules "$1" && "$prometheus_bin/promtool" check rules "$work/alerts-$1/rules.yaml"
+}
+promtool_test() { # HELM
+  alert_rules "$1" || return 1
+  local t
+  for t in "$work/alerts-$1/"*_test.yaml; do
+    "$prometheus_bin/promtool" test rules "$t" || return 1
+  done
+}
+
 check "files/templates links to templates/" templates_link
 
 case_names=()
@@ -95,6 +122,8 @@ for h in "${helms[@]}"; do
     check "$h ($version) template matches snapshots/$c.yaml" snapshot "$h" "$c"
   done
   check "$h ($version) package" package "$h"
+  check "$h ($version) promtool check rules (the PrometheusRule's rules)" promtool_check "$h"
+  check "$h ($version) promtool test rules tests/alerts/" promtool_test "$h"
 done
 if [[ ${#helms[@]} -lt 2 ]]; then
   echo "skip Helm 3 checks: helm3 is not installed (SIDECAR_INJECTOR_SKIP_HELM3=1?)"

@@ -198,6 +198,12 @@ async fn rotates_certificates_without_a_restart() {
     })
     .await;
     assert!(counted, "failed reload not counted");
+    let (_, metrics) = get(running.admin_addr, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains(r#"sidecar_injector_last_reload_successful{kind="certificate"} 0"#)
+            && metrics.contains(r#"sidecar_injector_last_reload_successful{kind="config"} 1"#),
+        "the refused certificate is not reported by the gauge: {metrics}"
+    );
     assert!(
         post_h1(addr, &new.ca_pem, "/mutate", review("e"))
             .await

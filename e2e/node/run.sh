@@ -17,6 +17,10 @@
 #     certificates.mode=existingSecret (a Secret made here, signed by the cluster's CA), the
 #     templates' images pointed at the local stand-ins; rollout finished and a dry-run injected;
 #  5. a second injector process on the namespace's 127.0.0.1 (for the url-mode chart scenario);
+#     a Prometheus (tools/prometheus.sh) on the namespace's 127.0.0.1, discovering the injector's
+#     pods through the apiserver and scraping their admin ports every second, with the chart's
+#     alert rules (charts/prometheus-rules.py; SidecarInjectorDown's `for` shortened to 5s); it
+#     talks to nothing but the apiserver and the pods;
 #  6. the scenarios: every admission scenario (tests/scenarios.rs) against the in-cluster
 #     deployment, then the node scenarios (tests/node.rs);
 #  7. teardown (exit trap): node.sh down, control plane down; outside, a check that nothing of
@@ -50,6 +54,8 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   done
   bash "$HERE/install.sh"
   bash "$REPO/tools/install.sh"
+  log "prometheus and promtool: tools/prometheus.sh"
+  PROMETHEUS_BIN=$(bash "$REPO/tools/prometheus.sh" | tail -n1)
   log "control plane and node binaries: e2e/control-plane/build.sh"
   BIN_DIR=$("$E2E/control-plane/build.sh" | tail -n1)
   log "building the debug binary and the suite"
@@ -69,6 +75,7 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   fi
   rc=0
   E2E_NODE_INSIDE=1 WORKDIR="$WORKDIR" BIN_DIR="$BIN_DIR" TARGET_DIR="$TARGET_DIR" TOTAL="$TOTAL" \
+    PROMETHEUS_BIN="$PROMETHEUS_BIN" \
     unshare --net --mount --propagation private -- bash "$HERE/run.sh" || rc=$?
   # The namespace is gone once its last process is; anything naming WORKDIR still alive is a leak.
   if ! e2e_nothing_left_of "$WORKDIR"; then
@@ -89,14 +96,27 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
 fi
 
 # ======================================================================== inside
-: "${WORKDIR:?}" "${BIN_DIR:?}" "${TARGET_DIR:?}" "${TOTAL:?}"
+: "${WORKDIR:?}" "${BIN_DIR:?}" "${TARGET_DIR:?}" "${TOTAL:?}" "${PROMETHEUS_BIN:?}"
 E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
 PASSED=0
 FAILED=0
+PROMETHEUS_PID=""
+stop_prometheus() {
+  [[ -n "$PROMETHEUS_PID" ]] || return 0
+  kill -TERM "$PROMETHEUS_PID" 2>/dev/null || true
+  local i
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$PROMETHEUS_PID" 2>/dev/null || { PROMETHEUS_PID=""; return 0; }
+    sleep 0.1
+  done
+  kill -KILL "$PROMETHEUS_PID" 2>/dev/null || true
+  PROMETHEUS_PID=""
+}
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   e2e_stop_scenarios
+  stop_prometheus
   E2E_WORKDIR="$WORKDIR" "$E2E/injector.sh" stop || rc=1
   bash "$HERE/node.sh" down "$WORKDIR" || rc=1
   "$E2E/control-plane/down.sh" "$WORKDIR" >/dev/null || rc=1
@@ -167,6 +187,60 @@ sed -e 's#^\(  *image:\) cr\.fluentbit\.io/.*#\1 local/log-shipper:1#' \
 export SIDECAR_INJECTOR_CONFIG="$WORKDIR/injector-config.yaml"
 "$E2E/injector.sh" start
 
+# ---------------------------------------------------------------- Prometheus
+PROM="$WORKDIR/prometheus"
+mkdir -p "$PROM/data"
+# The chart's rules as this installation renders them; the down alert waits 5s, not 2m.
+HELM=helm python3 "$REPO/charts/prometheus-rules.py" --namespace "$RELEASE_NAMESPACE" \
+  --values "$HERE/values.yaml" --set certificates.existingSecret.name="$RELEASE-tls" \
+  --set-file certificates.existingSecret.caBundle="$CA_CERT" \
+  --set prometheusRule.alerts.SidecarInjectorDown.for=5s \
+  >"$PROM/rules.yaml" 2> >(grep -v 'symbolic link in path' >&2) || die "cannot render the chart's rules"
+# Labelled as the chart's ServiceMonitor labels them: job <fullname>, namespace, pod.
+cat >"$PROM/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files: [rules.yaml]
+scrape_configs:
+  - job_name: $RELEASE
+    kubernetes_sd_configs:
+      - role: pod
+        api_server: $APISERVER_URL
+        namespaces: {names: [$RELEASE_NAMESPACE]}
+        tls_config: {ca_file: $CA_CERT, cert_file: $ADMIN_CERT, key_file: $ADMIN_KEY}
+    relabel_configs:
+      - source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_instance]
+        regex: $RELEASE
+        action: keep
+      - source_labels: [__meta_kubernetes_pod_container_port_name]
+        regex: admin
+        action: keep
+      - source_labels: [__meta_kubernetes_namespace]
+        target_label: namespace
+      - source_labels: [__meta_kubernetes_pod_name]
+        target_label: pod
+EOF
+"$PROMETHEUS_BIN/promtool" check config "$PROM/prometheus.yml" >"$WORKDIR/logs/promtool.log" 2>&1 ||
+  die "promtool check config failed (see $WORKDIR/logs/promtool.log)"
+PROMETHEUS_PORT=$(cp_free_port "$PORT" "$ADMIN_PORT") || die "no free loopback port"
+log "prometheus on 127.0.0.1:$PROMETHEUS_PORT"
+"$PROMETHEUS_BIN/prometheus" --config.file="$PROM/prometheus.yml" \
+  --storage.tsdb.path="$PROM/data" --storage.tsdb.retention.time=1d \
+  --web.listen-address="127.0.0.1:$PROMETHEUS_PORT" --log.level=warn \
+  >"$WORKDIR/logs/prometheus.log" 2>&1 </dev/null &
+PROMETHEUS_PID=$!
+prometheus_ready() {
+  curl --silent --fail --noproxy '*' --max-time 2 "http://127.0.0.1:$PROMETHEUS_PORT/-/ready" >/dev/null
+}
+for ((i = 0; i < 120; i++)); do
+  prometheus_ready && break
+  kill -0 "$PROMETHEUS_PID" 2>/dev/null || die "prometheus exited (see $WORKDIR/logs/prometheus.log)"
+  sleep 0.5
+done
+prometheus_ready || die "prometheus not ready in 60s (see $WORKDIR/logs/prometheus.log)"
+
 # ---------------------------------------------------------------- scenarios
 export E2E_MODE=node
 export E2E_INJECTOR_CTL="$HERE/injector-ctl.sh"
@@ -178,6 +252,8 @@ export E2E_NODE_NAME="$NODE_NAME"
 export E2E_CA_KEY="$CA_KEY"
 export E2E_SERVICE_DNS="$SERVICE_DNS"
 export E2E_APP_IMAGE=local/pause:1
+export E2E_PROMETHEUS_URL="http://127.0.0.1:$PROMETHEUS_PORT"
+export E2E_PROMETHEUS_RULES="$PROM/rules.yaml"
 export KUBECONFIG AUDIT_LOG CA_CERT ADMISSION_PLUGINS
 log "running $TOTAL scenarios"
 e2e_run_scenarios_none_skipped "$CARGO" "$TOTAL" "$WORKDIR/logs/scenarios.log" || exit 1

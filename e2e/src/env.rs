@@ -39,6 +39,9 @@ pub enum Need {
     /// server process reads (`E2E_WORKDIR/injector-config/config.yaml`) and its admin port
     /// (`E2E_INJECTOR_ADMIN_PORT`); on a node: the chart's ConfigMap and the pods' admin ports.
     TemplateChange,
+    /// A Prometheus scraping the injector's pods with the chart's alert rules
+    /// (`E2E_PROMETHEUS_URL`, `E2E_PROMETHEUS_RULES`), and stopping and starting the server.
+    Prometheus,
 }
 
 /// The environment of one run.
@@ -75,6 +78,11 @@ pub struct Env {
     pub injector_config: Option<PathBuf>,
     /// `E2E_INJECTOR_ADMIN_PORT`: the server's admin port on 127.0.0.1 (local mode).
     pub injector_admin_port: Option<u16>,
+    /// `E2E_PROMETHEUS_URL`: `http://127.0.0.1:PORT` of the Prometheus scraping the injector
+    /// (node mode).
+    pub prometheus_url: Option<String>,
+    /// `E2E_PROMETHEUS_RULES`: the rule file that Prometheus loaded (the chart's rules).
+    pub prometheus_rules: Option<PathBuf>,
 }
 
 fn var(name: &str) -> Option<String> {
@@ -116,6 +124,8 @@ impl Env {
                 .map(|w| PathBuf::from(w).join("injector-config/config.yaml"))
                 .filter(|p| p.is_file()),
             injector_admin_port: var("E2E_INJECTOR_ADMIN_PORT").and_then(|p| p.parse().ok()),
+            prometheus_url: var("E2E_PROMETHEUS_URL"),
+            prometheus_rules: var("E2E_PROMETHEUS_RULES").map(PathBuf::from),
         })
     }
 
@@ -164,11 +174,20 @@ impl Env {
                     },
                     "kind's run has no sidecar-injector binary for the suite, and the injector pods' admin ports are not reachable from the test machine",
                 ),
+                Need::Prometheus => (
+                    self.prometheus_url.is_some()
+                        && self.prometheus_rules.is_some()
+                        && self.injector_ctl.is_some(),
+                    "only the node suite (e2e/node/run.sh) runs a Prometheus scraping the injector",
+                ),
             };
             // Pods never run without a node: in local mode that is a reason, not a runner error.
             if !present
                 && self.mode == Mode::Local
-                && matches!(need, Need::Node | Need::PodNetwork | Need::CaKey)
+                && matches!(
+                    need,
+                    Need::Node | Need::PodNetwork | Need::CaKey | Need::Prometheus
+                )
             {
                 return Ok(Some(kind_reason.into()));
             }

@@ -13,6 +13,7 @@
 //! - [`metrics`]: the apiserver's own admission metrics.
 //! - [`adder`]: a second mutating webhook, served from the test binary, that adds a container.
 //! - [`outdated`]: running `sidecar-injector outdated`; changing the running server's template.
+//! - [`prometheus`]: the node suite's Prometheus, and the chart's dashboard and rule queries.
 //! - [`policies`]: the admission policies `sidecar-injector export` writes, installed for a
 //!   scenario, and a second server serving their configuration.
 
@@ -25,6 +26,7 @@ pub mod node;
 pub mod outdated;
 pub mod pods;
 pub mod policies;
+pub mod prometheus;
 pub mod webhooks;
 
 use std::future::Future;

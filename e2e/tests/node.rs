@@ -722,3 +722,186 @@ async fn n06_policy_mode_pods_run_with_no_injector() -> anyhow::Result<()> {
     )
     .await
 }
+
+/// n07. The chart's dashboard and alert rules, checked by the Prometheus e2e/node/run.sh runs
+/// against the injector as deployed (it discovers the pods through the apiserver and scrapes
+/// their admin ports every second, with the chart's rules): every dashboard query returns data;
+/// every alert rule evaluates, and every metric its expressions select exists for the injector
+/// (an error or denial counter has no series until the first one, so the metric is asked for by
+/// name, job and namespace); SidecarInjectorDown fires once the Deployment is scaled to 0 (the
+/// suite loads it with `for: 5s` instead of the chart's 2m) and is gone once it is back.
+#[tokio::test]
+async fn n07_prometheus_sees_the_injector_and_alerts_when_it_is_gone() -> anyhow::Result<()> {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use sidecar_injector_e2e::cluster::dry_run;
+    use sidecar_injector_e2e::pods::opted_in;
+    use sidecar_injector_e2e::prometheus::{
+        Prometheus, dashboard_queries, metric_of, rules, selectors,
+    };
+    /// Bound on a scrape or a rule evaluation (both every second) showing a change.
+    const SEEN: Duration = Duration::from_secs(60);
+    scenario(
+        "n07-prometheus",
+        &[Need::Node, Need::Prometheus],
+        |cx| async move {
+            let url = cx
+                .env
+                .prometheus_url
+                .clone()
+                .context("no E2E_PROMETHEUS_URL")?;
+            let prometheus = Prometheus::new(&url)?;
+            let (ns, release) = (&cx.env.injector_namespace, &cx.env.webhook_config);
+            wait_rolled_out(&cx.client, ns, release, ROLLOUT).await?;
+            let own = format!(r#"job="{release}",namespace="{ns}""#);
+
+            // Reviews through both webhooks, so that the review series exist.
+            for i in 0..4 {
+                let pod = dry_run(&cx.pods(), &opted_in(&format!("watched-{}", i % 2))).await?;
+                check_injected(&pod)?;
+            }
+            eventually("Prometheus to scrape both injector pods", SEEN, || async {
+                let up = prometheus
+                    .query(&format!("count(up{{{own}}} == 1) == 2"))
+                    .await?;
+                Ok((!up.is_empty()).then_some(()))
+            })
+            .await?;
+            eventually("Prometheus to see the reviews", SEEN, || async {
+                let reviews = prometheus
+                    .query(&format!(
+                        r#"sum(sidecar_injector_reviews_total{{{own},webhook="validate"}}) > 0"#
+                    ))
+                    .await?;
+                Ok((!reviews.is_empty()).then_some(()))
+            })
+            .await?;
+
+            // The dashboard, with its variables as Grafana would set them for this installation.
+            let timeout = Api::<MutatingWebhookConfiguration>::all(cx.client.clone())
+                .get(release)
+                .await?
+                .webhooks
+                .iter()
+                .flatten()
+                .find_map(|w| w.timeout_seconds)
+                .context("the mutating webhook has no timeoutSeconds")?
+                .to_string();
+            let dashboard = std::fs::read_to_string(cx.env.chart.join("files/dashboard.json"))?;
+            let queries = dashboard_queries(
+                &dashboard,
+                &[
+                    ("namespace", ns),
+                    ("job", release),
+                    ("timeout", &timeout),
+                    ("__rate_interval", "1m"),
+                ],
+            )?;
+            ensure!(
+                queries.len() >= 10,
+                "only {} dashboard queries",
+                queries.len()
+            );
+            for (panel, expr) in &queries {
+                let samples = eventually(
+                    &format!("panel {panel:?}: {expr} to return data"),
+                    SEEN,
+                    || async {
+                        let samples = prometheus.query(expr).await?;
+                        Ok((!samples.is_empty()).then_some(samples))
+                    },
+                )
+                .await?;
+                println!("dashboard {panel:?}: {} series from {expr}", samples.len());
+            }
+
+            // The rules Prometheus loaded are the chart's, and each evaluates.
+            let rules_file = cx
+                .env
+                .prometheus_rules
+                .clone()
+                .context("no E2E_PROMETHEUS_RULES")?;
+            let rules = rules(&std::fs::read_to_string(&rules_file)?)?;
+            ensure!(
+                rules.len() >= 7,
+                "only {} alert rules in {}",
+                rules.len(),
+                rules_file.display()
+            );
+            let wanted: Vec<String> = rules.iter().map(|r| r.alert.clone()).collect();
+            eventually(
+                "every alert rule loaded and evaluated without error",
+                SEEN,
+                || async {
+                    let loaded = prometheus.alerting_rules().await?;
+                    let names: Vec<String> = loaded.iter().map(|(n, _, _)| n.clone()).collect();
+                    ensure!(names == wanted, "loaded {names:?}, want {wanted:?}");
+                    let unhealthy: Vec<_> = loaded
+                        .iter()
+                        .filter(|(_, health, _)| health != "ok")
+                        .collect();
+                    ensure!(unhealthy.is_empty(), "not ok: {unhealthy:?}");
+                    Ok(Some(()))
+                },
+            )
+            .await?;
+            for rule in &rules {
+                for selector in selectors(&rule.expr) {
+                    let metric = metric_of(&selector)?;
+                    ensure!(
+                        metric.contains(&own),
+                        "{}: {selector} is not the injector's",
+                        rule.alert
+                    );
+                    eventually(
+                        &format!("{}: {metric} to have series", rule.alert),
+                        SEEN,
+                        || async {
+                            let samples = prometheus.query(&metric).await?;
+                            Ok((!samples.is_empty()).then_some(()))
+                        },
+                    )
+                    .await?;
+                    let exact = prometheus.query(&selector).await?.len();
+                    println!(
+                        "alert {}: {metric} exists; {selector}: {exact} series",
+                        rule.alert
+                    );
+                }
+            }
+            let firing = |alerts: &[(String, String)]| {
+                alerts
+                    .iter()
+                    .any(|(name, state)| name == "SidecarInjectorDown" && state == "firing")
+            };
+            ensure!(
+                !firing(&prometheus.alerts().await?),
+                "SidecarInjectorDown fires with the injector up"
+            );
+
+            // No injector at all: the alert fires, and is gone once the injector is back.
+            cx.env.injector("stop").await?;
+            let stopped = tokio::time::Instant::now();
+            let fired = eventually("SidecarInjectorDown to fire", SEEN, || async {
+                Ok(firing(&prometheus.alerts().await?).then_some(()))
+            })
+            .await;
+            if fired.is_ok() {
+                println!(
+                    "SidecarInjectorDown fired {:?} after the Deployment reached 0 pods",
+                    stopped.elapsed()
+                );
+            }
+            let started = cx.env.injector("start").await;
+            fired?;
+            started?;
+            eventually(
+                "SidecarInjectorDown to resolve with the injector back",
+                SEEN,
+                || async { Ok((!firing(&prometheus.alerts().await?)).then_some(())) },
+            )
+            .await?;
+            Ok(())
+        },
+    )
+    .await
+}

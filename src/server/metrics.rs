@@ -44,6 +44,11 @@ struct ReloadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RecallLabel {
     result: &'static str,
 }
@@ -136,6 +141,7 @@ pub struct Metrics {
     recalls: Family<RecallLabel, Counter>,
     injections: Family<TemplateLabels, Counter>,
     cert_expiry: Gauge,
+    last_reload: Family<KindLabel, Gauge>,
     handles: Handles,
 }
 
@@ -145,10 +151,12 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-/// Latency buckets, in seconds: fine below a millisecond, where a healthy review lands.
-const BUCKETS: [f64; 14] = [
+/// Latency buckets, in seconds: fine below a millisecond, where a healthy review lands, and
+/// coarse up to 30 s, the longest webhook `timeoutSeconds`, so that a p99 approaching the
+/// timeout is seen as such (with 1 s the last bound, any p99 above it read as 1 s).
+const BUCKETS: [f64; 18] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5,
-    1.0,
+    1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 impl Default for Metrics {
@@ -167,6 +175,15 @@ impl Default for Metrics {
             latency.clone(),
         );
         let reloads = Family::<ReloadLabels, Counter>::default();
+        // At 0 from the start, so that a dashboard's increase() has series before a reload.
+        for kind in [ReloadKind::Config, ReloadKind::Certificate] {
+            for result in ["success", "error"] {
+                let _ = reloads.get_or_create(&ReloadLabels {
+                    kind: kind.as_str(),
+                    result,
+                });
+            }
+        }
         registry.register(
             "reloads",
             "Reloads of configuration and certificate, by result",
@@ -196,6 +213,21 @@ impl Default for Metrics {
             "When the serving certificate expires (Unix time)",
             cert_expiry.clone(),
         );
+        // Both kinds from the start, at 1: the server starts only once both have loaded, and an
+        // alert on `== 0` needs the series before the first failure.
+        let last_reload = Family::<KindLabel, Gauge>::default();
+        for kind in [ReloadKind::Config, ReloadKind::Certificate] {
+            last_reload
+                .get_or_create(&KindLabel {
+                    kind: kind.as_str(),
+                })
+                .set(1);
+        }
+        registry.register(
+            "last_reload_successful",
+            "Whether the last change to the configuration or certificate files was loaded (1) or refused, the previous one still served (0)",
+            last_reload.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -212,6 +244,7 @@ impl Default for Metrics {
             recalls,
             injections,
             cert_expiry,
+            last_reload,
             handles: Handles::default(),
         }
     }
@@ -303,6 +336,11 @@ impl Metrics {
                 result,
             })
             .inc();
+        self.last_reload
+            .get_or_create(&KindLabel {
+                kind: kind.as_str(),
+            })
+            .set(i64::from(ok));
     }
 
     /// One pod injected with these templates (name, hash).
@@ -425,6 +463,9 @@ mod tests {
             r#"sidecar_injector_review_duration_seconds_bucket{le="0.0005",webhook="mutate"} 3"#,
             r#"sidecar_injector_review_duration_seconds_bucket{le="0.0025",webhook="mutate"} 4"#,
             r#"sidecar_injector_review_duration_seconds_bucket{le="1.0",webhook="mutate"} 4"#,
+            r#"sidecar_injector_review_duration_seconds_bucket{le="5.0",webhook="mutate"} 4"#,
+            r#"sidecar_injector_review_duration_seconds_bucket{le="10.0",webhook="mutate"} 5"#,
+            r#"sidecar_injector_review_duration_seconds_bucket{le="30.0",webhook="mutate"} 5"#,
             r#"sidecar_injector_review_duration_seconds_bucket{le="+Inf",webhook="mutate"} 5"#,
             r#"sidecar_injector_review_duration_seconds_count{webhook="mutate"} 5"#,
             "# TYPE sidecar_injector_review_duration_seconds histogram",
@@ -439,5 +480,43 @@ mod tests {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("no sum in {text}"));
         assert!((sum - 7.00238).abs() < 1e-6, "{sum}");
+    }
+
+    /// The reload series exist from the start (alerts and dashboards need them before the first
+    /// reload): the counters at 0, the success gauges at 1. A refused reload sets its kind's
+    /// gauge to 0, the next loaded one back to 1.
+    #[test]
+    fn reload_series_exist_from_the_start_and_follow_each_reload() {
+        let m = Metrics::default();
+        let value = |m: &Metrics, kind: &str| -> Option<i64> {
+            let prefix = format!(r#"sidecar_injector_last_reload_successful{{kind="{kind}"}} "#);
+            m.encode()
+                .lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()).and_then(|v| v.parse().ok()))
+        };
+        assert_eq!(value(&m, "config"), Some(1));
+        assert_eq!(value(&m, "certificate"), Some(1));
+        let text = m.encode();
+        for kind in ["config", "certificate"] {
+            for result in ["success", "error"] {
+                let line = format!(
+                    r#"sidecar_injector_reloads_total{{kind="{kind}",result="{result}"}} 0"#
+                );
+                assert!(text.contains(&line), "{line} missing from {text}");
+            }
+        }
+        m.reload(ReloadKind::Config, false);
+        assert_eq!(value(&m, "config"), Some(0));
+        assert_eq!(value(&m, "certificate"), Some(1));
+        m.reload(ReloadKind::Config, true);
+        m.reload(ReloadKind::Certificate, false);
+        assert_eq!(value(&m, "config"), Some(1));
+        assert_eq!(value(&m, "certificate"), Some(0));
+        assert!(
+            m.encode()
+                .contains("# TYPE sidecar_injector_last_reload_successful gauge"),
+            "{}",
+            m.encode()
+        );
     }
 }

@@ -213,10 +213,46 @@ templates still goes to the server, which decides per template.)
 {{- if and .Values.outdated.rbac.restart (not .Values.outdated.rbac.report) -}}
 {{- fail "outdated.rbac.restart needs outdated.rbac.report: `outdated --restart` first reads what the report reads." -}}
 {{- end -}}
+{{- with .Values.autoscaling -}}
+{{- if and .enabled (lt (int .maxReplicas) (int .minReplicas)) -}}
+{{- fail (printf "autoscaling.maxReplicas (%d) is below autoscaling.minReplicas (%d)." (int .maxReplicas) (int .minReplicas)) -}}
+{{- end -}}
+{{- if and .enabled $.Values.podDisruptionBudget.enabled (not (kindIs "string" $.Values.podDisruptionBudget.minAvailable)) (ge (int $.Values.podDisruptionBudget.minAvailable) (int .minReplicas)) -}}
+{{- fail (printf "podDisruptionBudget.minAvailable (%d) must be below autoscaling.minReplicas (%d): otherwise no drain can evict a server." (int $.Values.podDisruptionBudget.minAvailable) (int .minReplicas)) -}}
+{{- end -}}
+{{- end -}}
 {{- $files := include "sidecar-injector.templateFiles" . | fromJson -}}
 {{- range .Values.config.defaultTemplates -}}
 {{- if not (hasKey $files (printf "%s.yaml.j2" .)) -}}
 {{- fail (printf "config.defaultTemplates names %q, but there is no such template (known: %s). Add it to extraTemplates or remove it." . (keys $files | sortAlpha | join ", " | replace ".yaml.j2" "")) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The alert rule groups (a YAML object with `groups`), from files/alerts.yaml: the
+thresholds, the selector of the injector's series, and each alert's `for`, severity, extra
+labels and runbook_url filled in from prometheusRule. One source for the PrometheusRule, the
+promtool tests and the node suite's Prometheus (charts/prometheus-rules.py). */}}
+{{- define "sidecar-injector.alertGroups" -}}
+{{- $v := .Values.prometheusRule -}}
+{{- $selector := $v.selector | default (printf "job=%q,namespace=%q" (include "sidecar-injector.fullname" .) .Release.Namespace) -}}
+{{- $latency := mulf (float64 .Values.webhook.timeoutSeconds) (float64 $v.latencyTimeoutFraction) -}}
+{{- $text := .Files.Get "files/alerts.yaml"
+  | replace "__SELECTOR__" $selector
+  | replace "__ERROR_RATIO__" (toString $v.errorRatio)
+  | replace "__DENIAL_RATIO__" (toString $v.denialRatio)
+  | replace "__LATENCY_SECONDS__" (toString $latency)
+  | replace "__EXPIRY_SECONDS__" (toString (mulf (float64 $v.certificateExpiryDays) 86400 | int64)) -}}
+{{- $groups := fromYaml $text -}}
+{{- $runbook := $v.runbookBaseUrl | default "README.md" -}}
+{{- range $group := $groups.groups -}}
+{{- range $rule := $group.rules -}}
+{{- $own := get $v.alerts $rule.alert | default dict -}}
+{{- with $own.for -}}{{- $_ := set $rule "for" . -}}{{- end -}}
+{{- $labels := merge (dict) $v.alertLabels (dict "severity" ($own.severity | default "warning")) -}}
+{{- $_ := set $rule "labels" $labels -}}
+{{- $_ := set $rule.annotations "runbook_url" (printf "%s#%s" $runbook (lower $rule.alert)) -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $groups -}}
 {{- end -}}

@@ -24,7 +24,7 @@ from chart import CHART, ROOT, render_text
 CACHE = Path(os.environ.get("SIDECAR_INJECTOR_CACHE", Path.home() / ".cache" / "sidecar-injector"))
 UP = ROOT / "e2e" / "control-plane" / "up.sh"
 DOWN = ROOT / "e2e" / "control-plane" / "down.sh"
-CRD_KINDS = {"Certificate", "Issuer", "ServiceMonitor"}  # no cert-manager or Prometheus here
+CRD_KINDS = {"Certificate", "Issuer", "ServiceMonitor", "PrometheusRule"}  # no cert-manager or Prometheus Operator here
 UNREACHABLE = "https://127.0.0.1:1"
 INJECT = {"sidecar-injector.io/inject": "true"}
 NS = "sidecar-injector"
