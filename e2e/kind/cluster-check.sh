@@ -4,7 +4,8 @@
 #  2. e2e/kind/with-dockerd.sh: a private dockerd in a network + mount namespace made here;
 #  3. inside: `docker import` of the node image, `kind create cluster` with e2e/kind/cluster.yaml,
 #     then the node Ready and the kube-system pods (etcd, apiserver, controller-manager,
-#     scheduler, kube-proxy, coredns, kindnet) Running, a pod's DNS lookup of the API service;
+#     scheduler, kube-proxy, coredns, kindnet) Running, a pod's DNS lookup of the API service,
+#     and an image `docker import`ed here, `kind load`ed, run by a pod (what e2e/kind/run.sh does);
 #  4. `kind delete cluster`, the engine stopped, and a check that nothing is left.
 # Ends with "N passed, M failed" (one check per line above it).
 #   env K8S_VERSION (default v1.35.8), KIND_CLUSTER_NAME (default kind-check),
@@ -139,3 +140,27 @@ dns_lookup() {
   [[ "$phase" == Succeeded ]]
 }
 check "a pod resolves kubernetes.default through CoreDNS" dns_lookup
+
+# `kind load docker-image` (docker save | ctr import on the node) of an image made here.
+kind_load() {
+  local img=sidecar-injector.local/busybox:check dir="$WORKDIR/busybox-image" bb
+  bb=$(command -v busybox) || { log "busybox is missing (e2e/node/install.sh)"; return 1; }
+  mkdir -p "$dir/bin"
+  cp "$bb" "$dir/bin/busybox"
+  ln -sf busybox "$dir/bin/sh"
+  tar -C "$dir" -c . | docker import - "$img" >/dev/null || return 1
+  "$KIND" load docker-image "$img" --name "$CLUSTER" >&2 || return 1
+  "${KUBECTL[@]}" run load-check --image "$img" --image-pull-policy=Never --restart=Never \
+    --command -- /bin/sh -c 'echo loaded-image-ran' >&2 || return 1
+  local phase=""
+  for _ in $(seq 60); do
+    phase=$("${KUBECTL[@]}" get pod load-check -o jsonpath='{.status.phase}')
+    [[ "$phase" == Succeeded || "$phase" == Failed ]] && break
+    sleep 1
+  done
+  local out
+  out=$("${KUBECTL[@]}" logs load-check 2>&1 || true)
+  "${KUBECTL[@]}" delete pod load-check --wait=false >/dev/null 2>&1 || true
+  [[ "$phase" == Succeeded && "$out" == loaded-image-ran ]]
+}
+check "kind load docker-image, then a pod runs that image" kind_load
