@@ -13,7 +13,6 @@
 set -euo pipefail
 
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd -- "$HERE/../.." && pwd)
 CLUSTER=${KIND_CLUSTER_NAME:-kind-check}
 log() { printf '[kind-check %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -27,6 +26,7 @@ if [[ "${KIND_CHECK_INSIDE:-0}" != 1 ]]; then
   log "node image ready after $((SECONDS - START))s"
   WORKDIR=$(mktemp -d -t sidecar-injector-kind.XXXXXX)
   rc=0
+  # shellcheck disable=SC2097,SC2098 # WORKDIR is the same value on both sides
   KIND_CHECK_INSIDE=1 WORKDIR="$WORKDIR" "$HERE/with-dockerd.sh" "$WORKDIR" bash "$0" || rc=$?
   # The node container's cgroups: docker removes them with the container.
   for d in /sys/fs/cgroup/*/docker; do
@@ -89,7 +89,7 @@ trap finish EXIT
 
 t0=$SECONDS
 log "docker import $KIND_NODE_TAR as $KIND_NODE_IMAGE"
-# shellcheck source=lib.sh
+# shellcheck source=lib.sh source-path=SCRIPTDIR
 . "$HERE/lib.sh"
 kind_node_image_load
 log "imported in $((SECONDS - t0))s"

@@ -2,11 +2,12 @@
 # Installs what the kind e2e needs from Debian's packages, when missing: the Docker engine
 # (docker.io: dockerd 20.10 and its CLI at /usr/bin/docker), mmdebstrap (the node's root file
 # systems), containerd (a temporary one imports the images into the node image), gcc and
-# libc6-dev (the pause binary, static, from Kubernetes' own pause.c), jq. Idempotent; quiet
-# when all are present. No Docker service is left running outside the tests' namespaces.
+# libc6-dev (the pause binary, static, from Kubernetes' own pause.c), jq, busybox-static (the
+# cluster check's test image). Idempotent; quiet when all are present. The packages' scripts
+# start no service: the tests start their own dockerd inside their namespaces.
 set -euo pipefail
 
-PACKAGES=(docker.io mmdebstrap containerd runc gcc libc6-dev jq iproute2 util-linux)
+PACKAGES=(docker.io mmdebstrap containerd runc gcc libc6-dev jq iproute2 util-linux busybox-static)
 log="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}/kind-install.log"
 mkdir -p "$(dirname "$log")"
 missing=()
@@ -21,8 +22,8 @@ if ((EUID != 0)); then
   exit 1
 fi
 echo "e2e/kind/install.sh: apt-get install ${missing[*]}" >&2
-{
-  apt-get update -q
+(
+  apt-get update -q || exit 1
   # policy-rc.d 101: the packages' scripts start no service (there may be no init system).
   made_policy=0
   if [[ ! -e /usr/sbin/policy-rc.d ]]; then
@@ -34,7 +35,7 @@ echo "e2e/kind/install.sh: apt-get install ${missing[*]}" >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" || rc=$?
   if ((made_policy)); then rm -f /usr/sbin/policy-rc.d; fi
   exit "$rc"
-} >"$log" 2>&1 || {
+) >"$log" 2>&1 || {
   echo "e2e/kind/install.sh: apt-get failed; last lines of $log:" >&2
   tail -n 30 "$log" >&2
   exit 1

@@ -62,6 +62,7 @@ dockerd --config-file "$W/daemon.json" --data-root "$W/docker" --exec-root "$W/e
   --pidfile "$W/dockerd.pid" -H "$DOCKER_HOST" --log-level warn >"$W/dockerd.log" 2>&1 &
 DOCKERD_PID=$!
 
+# shellcheck disable=SC2329 # called from the EXIT trap
 stop_engine() {
   local ids
   ids=$(docker ps -aq 2>/dev/null || true)
