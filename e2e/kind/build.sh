@@ -4,6 +4,7 @@
 #   kind      sigs.k8s.io/kind               (the CLI; its module also holds the node image's files)
 #   crictl    sigs.k8s.io/cri-tools/cmd/crictl
 #   coredns   github.com/coredns/coredns     (the version kubeadm of K8S_VERSION deploys)
+#   local-path-provisioner  github.com/rancher/local-path-provisioner (kind's default storage)
 # and, through e2e/control-plane/build.sh --with-kind, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet, kubeadm, kube-proxy, kubectl and etcd.
 #
@@ -12,6 +13,7 @@
 #   env KIND_VERSION     (default v0.33.0)
 #   env CRICTL_VERSION   (default v1.34.0; the proxy serves v1.34.0 and v1.37.0, not v1.35/36)
 #   env COREDNS_VERSION  (default: what `kubeadm config images list` names for K8S_VERSION)
+#   env LOCAL_PATH_VERSION (default v0.0.30: kind v0.33.0 builds v0.0.34, not served by the proxy)
 #   env SIDECAR_INJECTOR_CACHE (default $HOME/.cache/sidecar-injector)
 #   env GO_BUILD_PARALLEL (default 2)
 #
@@ -23,11 +25,12 @@ E2E=$(cd -- "$HERE/.." && pwd)
 export K8S_VERSION="${K8S_VERSION:-v1.35.8}"
 KIND_VERSION="${KIND_VERSION:-v0.33.0}"
 CRICTL_VERSION="${CRICTL_VERSION:-v1.34.0}"
+LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
 GO_BUILD_PARALLEL="${GO_BUILD_PARALLEL:-2}"
 
 log() { printf '[kind-build %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-[[ $# -eq 0 ]] || { sed -n '2,18p' "$0" >&2; exit 2; }
+[[ $# -eq 0 ]] || { sed -n '2,20p' "$0" >&2; exit 2; }
 command -v go >/dev/null || die "go is not installed"
 
 START=$(date +%s)
@@ -41,9 +44,12 @@ if [[ -z "${COREDNS_VERSION:-}" ]]; then
 fi
 
 CACHE_ROOT="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}/kind"
-BIN_DIR="$CACHE_ROOT/tools-kind${KIND_VERSION#v}-crictl${CRICTL_VERSION#v}-coredns${COREDNS_VERSION#v}/bin"
+BIN_DIR="$CACHE_ROOT/tools-kind${KIND_VERSION#v}-crictl${CRICTL_VERSION#v}-coredns${COREDNS_VERSION#v}-localpath${LOCAL_PATH_VERSION#v}/bin"
 MARKER="$BIN_DIR/.complete"
-present() { [[ -f "$MARKER" && -x "$BIN_DIR/kind" && -x "$BIN_DIR/crictl" && -x "$BIN_DIR/coredns" ]]; }
+present() {
+  [[ -f "$MARKER" && -x "$BIN_DIR/kind" && -x "$BIN_DIR/crictl" && -x "$BIN_DIR/coredns" &&
+    -x "$BIN_DIR/local-path-provisioner" ]]
+}
 
 if ! present; then
   mkdir -p "$BIN_DIR"
@@ -68,6 +74,8 @@ if ! present; then
   install_one crictl "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION" \
     "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION"
   install_one coredns "github.com/coredns/coredns@$COREDNS_VERSION" ""
+  install_one local-path-provisioner "github.com/rancher/local-path-provisioner@$LOCAL_PATH_VERSION" \
+    "-X main.VERSION=$LOCAL_PATH_VERSION"
 
   got=$("$BIN_DIR/kind" version 2>&1)
   [[ "$got" == "kind $KIND_VERSION "* ]] || die "kind version says '$got'"
@@ -78,6 +86,7 @@ if ! present; then
     echo "kind=$KIND_VERSION"
     echo "crictl=$CRICTL_VERSION"
     echo "coredns=$COREDNS_VERSION"
+    echo "local_path_provisioner=$LOCAL_PATH_VERSION"
     echo "go=$(go env GOVERSION)"
     echo "built_at=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   } >"$MARKER.tmp"

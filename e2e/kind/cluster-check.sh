@@ -5,7 +5,8 @@
 #  3. inside: `docker import` of the node image, `kind create cluster` with e2e/kind/cluster.yaml,
 #     then the node Ready and the kube-system pods (etcd, apiserver, controller-manager,
 #     scheduler, kube-proxy, coredns, kindnet) Running, a pod's DNS lookup of the API service,
-#     and an image `docker import`ed here, `kind load`ed, run by a pod (what e2e/kind/run.sh does);
+#     an image `docker import`ed here, `kind load`ed, run by a pod (what e2e/kind/run.sh does),
+#     and a claim of kind's default StorageClass provisioned and written by a pod;
 #  4. `kind delete cluster`, the engine stopped, and a check that nothing is left.
 # Ends with "N passed, M failed" (one check per line above it).
 #   env K8S_VERSION (default v1.35.8), KIND_CLUSTER_NAME (default kind-check),
@@ -164,3 +165,45 @@ kind_load() {
   [[ "$phase" == Succeeded && "$out" == loaded-image-ran ]]
 }
 check "kind load docker-image, then a pod runs that image" kind_load
+
+# kind's default storage: a claim of the default class is provisioned by local-path-provisioner
+# (its helper pod makes the directory) once a pod uses it, and the pod writes to it.
+storage() {
+  "${KUBECTL[@]}" wait --for=condition=Available deployment/local-path-provisioner \
+    -n local-path-storage --timeout=120s >&2 || return 1
+  "${KUBECTL[@]}" apply -f - >&2 <<EOF || return 1
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: storage-check}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: 1Mi}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: storage-check}
+spec:
+  restartPolicy: Never
+  containers:
+    - name: c
+      image: sidecar-injector.local/busybox:check
+      imagePullPolicy: Never
+      command: [/bin/sh, -c, "echo stored >/data/f && cat /data/f"]
+      volumeMounts: [{name: d, mountPath: /data}]
+  volumes: [{name: d, persistentVolumeClaim: {claimName: storage-check}}]
+EOF
+  local phase=""
+  for _ in $(seq 90); do
+    phase=$("${KUBECTL[@]}" get pod storage-check -o jsonpath='{.status.phase}')
+    [[ "$phase" == Succeeded || "$phase" == Failed ]] && break
+    sleep 1
+  done
+  local out pvc
+  out=$("${KUBECTL[@]}" logs storage-check 2>&1 || true)
+  pvc=$("${KUBECTL[@]}" get pvc storage-check -o jsonpath='{.status.phase}')
+  log "storage: pod $phase, claim $pvc, output '$out'"
+  "${KUBECTL[@]}" delete pod storage-check --wait=true --timeout=60s >/dev/null 2>&1 || true
+  "${KUBECTL[@]}" delete pvc storage-check --wait=false >/dev/null 2>&1 || true
+  [[ "$phase" == Succeeded && "$pvc" == Bound && "$out" == stored ]]
+}
+check "default StorageClass: a claim is provisioned and a pod writes to it" storage

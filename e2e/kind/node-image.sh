@@ -62,7 +62,13 @@ go_const() { # file name
   sed -n "s/^const $2 = \"\(.*\)\"$/\1/p" "$KIND_SRC/pkg/build/nodeimage/$1"
 }
 KINDNETD_IMAGE=$(go_const const_cni.go kindnetdImage)
-[[ -n "$KINDNETD_IMAGE" ]] || die "kindnetdImage not found in kind's const_cni.go"
+STORAGE_IMAGE=$(go_const const_storage.go storageProvisionerImage)
+STORAGE_HELPER_IMAGE=$(go_const const_storage.go storageHelperImage)
+[[ -n "$KINDNETD_IMAGE" && -n "$STORAGE_IMAGE" && -n "$STORAGE_HELPER_IMAGE" ]] ||
+  die "image constants not found in kind's const_cni.go / const_storage.go"
+BUSYBOX=$(command -v busybox) || die "busybox is missing (e2e/kind/install.sh installs busybox-static)"
+[[ "$(LC_ALL=C ldd "$BUSYBOX" 2>&1 || true)" == *"not a dynamic executable"* ]] ||
+  die "$BUSYBOX is not statically linked (install busybox-static)"
 
 # ------------------------------------------------------------------ Debian root file systems
 rootfs_tar() { # name packages... -> path of a cached tar
@@ -168,20 +174,30 @@ install -m 0755 "$KUBE_BIN/kubeadm" "$KUBE_BIN/kubelet" "$KUBE_BIN/kubectl" "$RO
 install -m 0755 "$KIND_BIN/crictl" "$ROOT/usr/local/bin/"
 echo "$K8S_VERSION" >"$ROOT/kind/version"
 mkdir -p "$ROOT/kind/manifests"
-# kind's default CNI manifest, as `kind build node-image` writes it (still a template: kind
-# fills in the pod subnet and the control-plane endpoint at create time).
-python3 - "$KIND_SRC/pkg/build/nodeimage/const_cni.go" "$KINDNETD_IMAGE" >"$ROOT/kind/manifests/default-cni.yaml" <<'EOF'
+# kind's default CNI and storage manifests, as `kind build node-image` writes them (the CNI one
+# is still a template: kind fills in the pod subnet and the control-plane endpoint at create time).
+manifest() { # go-file const-name NAME=value...
+  python3 - "$KIND_SRC/pkg/build/nodeimage/$1" "${@:2}" <<'EOF'
 import re, sys
 src = open(sys.argv[1]).read()
-# The constant ends with a backtick alone on its line; the image is spliced in with ` + name + `.
-m = re.search(r"const defaultCNIManifest = `(.*?\n)`\n", src, re.S)
+# The constant ends with a backtick alone on its line; images are spliced in with ` + name + `.
+m = re.search(r"const " + sys.argv[2] + r" = `(.*?\n)`\n", src, re.S)
 if not m:
-    sys.exit("defaultCNIManifest not found")
-sys.stdout.write(m.group(1).replace("` + kindnetdImage + `", sys.argv[2]))
+    sys.exit(sys.argv[2] + " not found in " + sys.argv[1])
+text = m.group(1)
+for kv in sys.argv[3:]:
+    k, v = kv.split("=", 1)
+    text = text.replace("` + " + k + " + `", v)
+if "` + " in text:
+    sys.exit("a constant is left unreplaced in " + sys.argv[2])
+sys.stdout.write(text)
 EOF
+}
+manifest const_cni.go defaultCNIManifest "kindnetdImage=$KINDNETD_IMAGE" >"$ROOT/kind/manifests/default-cni.yaml"
+manifest const_storage.go defaultStorageManifest "storageProvisionerImage=$STORAGE_IMAGE" \
+  "storageHelperImage=$STORAGE_HELPER_IMAGE" >"$ROOT/kind/manifests/default-storage.yaml"
 grep -q "image: $KINDNETD_IMAGE" "$ROOT/kind/manifests/default-cni.yaml" || die "default-cni.yaml names no $KINDNETD_IMAGE"
-# No /kind/manifests/default-storage.yaml: kind then applies its built-in host-path
-# StorageClass (installstorage's fallback), with no provisioner pod to run.
+grep -q "image: $STORAGE_IMAGE" "$ROOT/kind/manifests/default-storage.yaml" || die "default-storage.yaml names no $STORAGE_IMAGE"
 
 # ------------------------------------------------------------------ images
 IMG="$WORK/images"
@@ -199,13 +215,20 @@ oci --name "$PAUSE_IMAGE" --out "$IMG/pause.tar" --file "/pause=$WORK/pause" \
   --entrypoint '["/pause"]' --user 65535:65535
 oci --name "$(image_named kube-proxy)" --out "$IMG/kube-proxy.tar" --base-tar "$NET_ROOTFS" \
   --file "/usr/local/bin/kube-proxy=$KUBE_BIN/kube-proxy" --entrypoint '["/usr/local/bin/kube-proxy"]'
+# kind's local-path-provisioner (static binary, run as `local-path-provisioner ...`) and its
+# helper (kind's holds sh, mkdir and rm for the setup/teardown scripts: busybox here).
+oci --name "$STORAGE_IMAGE" --out "$IMG/local-path-provisioner.tar" \
+  --file "/usr/local/bin/local-path-provisioner=$KIND_BIN/local-path-provisioner" --dir /tmp:1777 \
+  --entrypoint '["/usr/local/bin/local-path-provisioner"]'
+oci --name "$STORAGE_HELPER_IMAGE" --out "$IMG/local-path-helper.tar" \
+  --file "/bin/busybox=$BUSYBOX" --busybox-links /bin/busybox --dir /tmp:1777
 oci --name "$KINDNETD_IMAGE" --out "$IMG/kindnetd.tar" --base-tar "$NET_ROOTFS" \
   --file "/usr/local/bin/kindnetd=$HERE/kindnetd-standin.sh" \
   --entrypoint '["/usr/local/bin/kindnetd"]'
 
 # A temporary containerd (Debian's, the node's own version) on the node's /var/lib/containerd,
 # in a private mount namespace (its unpack mounts stay there) and without network.
-log "importing ${#KUBEADM_IMAGES[@]}+1 images into the node's containerd (k8s.io)"
+log "importing ${#KUBEADM_IMAGES[@]}+3 images into the node's containerd (k8s.io)"
 cat >"$WORK/containerd.toml" <<EOF
 version = 2
 root = "$ROOT/var/lib/containerd"
@@ -223,7 +246,7 @@ for _ in $(seq 50); do "${CTR[@]}" version >/dev/null 2>&1 && break; sleep 0.2; 
 for t in "$IMG"/*.tar; do
   "${CTR[@]}" images import --snapshotter overlayfs "$t" >&2
 done
-for name in "${KUBEADM_IMAGES[@]}" "$KINDNETD_IMAGE"; do
+for name in "${KUBEADM_IMAGES[@]}" "$KINDNETD_IMAGE" "$STORAGE_IMAGE" "$STORAGE_HELPER_IMAGE"; do
   "${CTR[@]}" images label "$name" io.cri-containerd.pinned=pinned >/dev/null ||
     die "image $name was not imported"
 done
