@@ -40,7 +40,8 @@ fi
 ip link set lo up
 # dockerd writes /etc/docker/key.json; keep that in the run's directory.
 mkdir -p "$W/etc-docker" "$W/bin" "$W/docker" "$W/exec"
-if [[ -d /etc/docker ]]; then mount --bind "$W/etc-docker" /etc/docker; fi
+mkdir -p /etc/docker # docker.io's own directory; in this namespace it is WORKDIR's
+mount --bind "$W/etc-docker" /etc/docker
 ln -sf /usr/bin/docker "$W/bin/docker"
 # dockerd 20.10 gives --privileged containers every capability the kernel knows; where this
 # machine's bounding set is smaller, runc refuses ("unable to apply caps"): then the default
