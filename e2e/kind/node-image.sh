@@ -103,7 +103,9 @@ KEY=$({
   cat "$KUBE_BIN/.complete" "$KIND_BIN/.complete"
 } | sha256sum | cut -c1-12)
 OUT="$CACHE/node-$K8S_VERSION-$KEY"
-NODE_IMAGE="sidecar-injector.local/kind-node:$K8S_VERSION"
+# The tag carries the key: a Docker engine whose data root is kept between runs never runs an
+# older image of the same version.
+NODE_IMAGE="sidecar-injector.local/kind-node:$K8S_VERSION-$KEY"
 print_env() { cat "$OUT/image.env"; }
 if [[ -f "$OUT/.complete" ]]; then
   log "cached: $OUT"
