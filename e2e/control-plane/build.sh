@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Build pinned kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
-# (and optionally kubectl) plus etcd from the Go module proxy, through small wrapper modules, and cache
-# the binaries by version outside the checkout.
+# (and optionally kubectl, kubeadm, kube-proxy) plus etcd from the Go module proxy, through small
+# wrapper modules, and cache the binaries by version outside the checkout.
 #
-# Usage: e2e/control-plane/build.sh [--with-kubectl]
+# Usage: e2e/control-plane/build.sh [--with-kubectl] [--with-kind]
 #   env K8S_VERSION        (default v1.35.8)
 #   env ETCD_VERSION       (default v3.6.16)
 #   env SIDECAR_INJECTOR_CACHE (default $HOME/.cache/sidecar-injector)
 #   env BUILD_KUBECTL=1    same as --with-kubectl
+#   env BUILD_KIND=1       same as --with-kind: also kubectl, kubeadm and kube-proxy (a kind node)
 #   env GO_BUILD_PARALLEL  (default 2) value for `go build -p`
 #
 # Progress goes to stderr; the last stdout line is the bin directory.
@@ -16,15 +17,19 @@ set -euo pipefail
 K8S_VERSION="${K8S_VERSION:-v1.35.8}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 BUILD_KUBECTL="${BUILD_KUBECTL:-0}"
+BUILD_KIND="${BUILD_KIND:-0}"
 GO_BUILD_PARALLEL="${GO_BUILD_PARALLEL:-2}"
 
 for arg in "$@"; do
   case "$arg" in
     --with-kubectl) BUILD_KUBECTL=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    --with-kind) BUILD_KIND=1 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
+# A kind node image holds kubectl too (kind runs it inside the node to apply its manifests).
+if [[ "$BUILD_KIND" == 1 ]]; then BUILD_KUBECTL=1; fi
 
 log() { printf '[build %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -48,6 +53,9 @@ binaries_present() {
     [[ -x "$BIN_DIR/$b" ]] || return 1
   done
   if [[ "$BUILD_KUBECTL" == 1 ]]; then [[ -x "$BIN_DIR/kubectl" ]] || return 1; fi
+  if [[ "$BUILD_KIND" == 1 ]]; then
+    [[ -x "$BIN_DIR/kubeadm" && -x "$BIN_DIR/kube-proxy" ]] || return 1
+  fi
   return 0
 }
 
@@ -120,6 +128,8 @@ mkdir -p "$KW"
 # kube-scheduler and kubelet run the e2e node (e2e/node/); same tag, same build flags.
 K8S_CMDS=(kube-apiserver kube-controller-manager kube-scheduler kubelet)
 if [[ "$BUILD_KUBECTL" == 1 ]]; then K8S_CMDS+=(kubectl); fi
+# kubeadm and kube-proxy: what a kind node runs besides the above (e2e/kind/node-image.sh).
+if [[ "$BUILD_KIND" == 1 ]]; then K8S_CMDS+=(kubeadm kube-proxy); fi
 {
   echo "//go:build tools"
   echo
@@ -132,6 +142,8 @@ if [[ "$BUILD_KUBECTL" == 1 ]]; then K8S_CMDS+=(kubectl); fi
   echo "	_ \"k8s.io/kubernetes/cmd/kube-scheduler/app\""
   echo "	_ \"k8s.io/kubernetes/cmd/kubelet/app\""
   echo "	_ \"k8s.io/kubectl/pkg/cmd\""
+  echo "	_ \"k8s.io/kubernetes/cmd/kubeadm/app\""
+  echo "	_ \"k8s.io/kubernetes/cmd/kube-proxy/app\""
   echo ")"
 } >"$KW/tools.go"
 
@@ -215,6 +227,15 @@ if [[ -x "$BIN_DIR/kubectl" ]]; then
   got=${got%%$'\n'*}
   [[ "$got" == "Client Version: $K8S_VERSION" ]] || die "kubectl version --client says '$got'"
 fi
+if [[ -x "$BIN_DIR/kubeadm" ]]; then
+  # kubeadm reads client-go's version too: without it, it says v0.0.0 and refuses the cluster.
+  got=$("$BIN_DIR/kubeadm" version -o short 2>&1)
+  [[ "$got" == "$K8S_VERSION" ]] || die "kubeadm version -o short says '$got', want '$K8S_VERSION'"
+fi
+if [[ -x "$BIN_DIR/kube-proxy" ]]; then
+  got=$("$BIN_DIR/kube-proxy" --version 2>&1)
+  [[ "$got" == "Kubernetes $K8S_VERSION" ]] || die "kube-proxy --version says '$got'"
+fi
 got=$("$BIN_DIR/etcd" --version 2>&1)
 got=${got%%$'\n'*}
 [[ "$got" == "etcd Version: ${ETCD_VERSION#v}" ]] || die "etcd --version says '$got'"
@@ -227,6 +248,7 @@ ELAPSED=$(($(date +%s) - START))
   echo "etcd_commit=${ETCD_COMMIT:-unknown}"
   echo "go=$(go env GOVERSION)"
   if [[ -x "$BIN_DIR/kubectl" ]]; then echo "kubectl=1"; else echo "kubectl=0"; fi
+  if [[ -x "$BIN_DIR/kubeadm" && -x "$BIN_DIR/kube-proxy" ]]; then echo "kind=1"; else echo "kind=0"; fi
   echo "build_seconds=$ELAPSED"
   echo "built_at=$BUILD_DATE"
 } >"$MARKER.tmp"

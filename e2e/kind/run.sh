@@ -19,7 +19,10 @@
 # Prints "kube-apiserver vX.Y.Z" and ends with "N passed, M failed, K skipped"; exits non-zero
 # on any failure.
 #   env KIND_CLUSTER_NAME  (default sidecar-injector-e2e; must not exist yet)
-#   env KIND_NODE_IMAGE    node image (default: kind's own)
+#   env KIND_NODE_IMAGE    node image (default: kind's own); with no registry,
+#                          `eval "$(e2e/kind/node-image.sh)"` gives it (and KIND, KIND_NODE_TAR):
+#                          import it with kind_node_image_load (e2e/kind/lib.sh) first
+#   env KIND               the kind binary (default: kind on PATH)
 #   env IMAGE_TAG          tag of the sidecar-injector image (default e2e)
 #   env KEEP_CLUSTER=1     leave the cluster running (delete it with kind delete cluster --name ...)
 #   env E2E_TEST_FILTER    run only scenarios whose name contains this
@@ -32,6 +35,7 @@ REPO=$(cd -- "$E2E/.." && pwd)
 # shellcheck source=../lib.sh source-path=SCRIPTDIR
 . "$E2E/lib.sh"
 CARGO=${CARGO:-cargo}
+KIND=${KIND:-kind}
 CLUSTER=${KIND_CLUSTER_NAME:-sidecar-injector-e2e}
 IMAGE_REPOSITORY=sidecar-injector
 IMAGE_TAG=${IMAGE_TAG:-e2e}
@@ -64,7 +68,7 @@ cleanup() {
     if [[ "${KEEP_CLUSTER:-0}" == 1 ]]; then
       log "KEEP_CLUSTER=1: cluster $CLUSTER left running (KUBECONFIG=$KUBECONFIG)"
     else
-      kind delete cluster --name "$CLUSTER" || rc=1
+      "$KIND" delete cluster --name "$CLUSTER" || rc=1
     fi
   fi
   if [[ -n "$WORKDIR" && "${KEEP_CLUSTER:-0}" != 1 ]]; then rm -rf "$WORKDIR"; fi
@@ -79,7 +83,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-for tool in docker kind curl; do
+for tool in docker "$KIND" curl; do
   command -v "$tool" >/dev/null || die "$tool is required (kind: https://kind.sigs.k8s.io)"
 done
 docker info >/dev/null 2>&1 || die "docker is installed but no Docker engine answers"
@@ -96,7 +100,7 @@ TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
 ((TOTAL > 0)) || die "no scenario found"
 
 # ---------------------------------------------------------------- cluster
-if kind get clusters 2>/dev/null | grep -qx -- "$CLUSTER"; then
+if "$KIND" get clusters 2>/dev/null | grep -qx -- "$CLUSTER"; then
   die "a kind cluster named $CLUSTER exists already: delete it or set KIND_CLUSTER_NAME"
 fi
 WORKDIR=$(mktemp -d -t sidecar-injector-kind.XXXXXX)
@@ -105,7 +109,7 @@ node_image=()
 if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then node_image=(--image "$KIND_NODE_IMAGE"); fi
 CREATED=1 # from here on the trap deletes the cluster, also a half-created one
 log "creating cluster $CLUSTER"
-kind create cluster --name "$CLUSTER" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" \
+"$KIND" create cluster --name "$CLUSTER" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" \
   --wait 180s "${node_image[@]}"
 VERSION=$(kubectl get --raw /version | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
 [[ -n "$VERSION" ]] || die "cannot read the apiserver's /version"
@@ -116,7 +120,7 @@ log "docker build -t $IMAGE ${DOCKER_BUILD_ARGS:-}"
 # profile-guided one (the same code, built in half the time).
 # shellcheck disable=SC2086 # word-split on purpose: several arguments
 docker build ${DOCKER_BUILD_ARGS:-} -t "$IMAGE" "$REPO"
-kind load docker-image "$IMAGE" --name "$CLUSTER"
+"$KIND" load docker-image "$IMAGE" --name "$CLUSTER"
 # The node scenarios' images, under the names e2e/node/images.sh gives them on the local node.
 log "stand-in images: local/busybox:1, local/pause:1, local/proxy:1, local/log-shipper:1"
 docker pull -q busybox:1.36.1 >/dev/null
@@ -134,7 +138,7 @@ EOF
 standin local/proxy:1 proxy.sh
 standin local/log-shipper:1 log-shipper.sh
 for image in local/busybox:1 local/pause:1 local/proxy:1 local/log-shipper:1; do
-  kind load docker-image "$image" --name "$CLUSTER"
+  "$KIND" load docker-image "$image" --name "$CLUSTER"
 done
 
 # ---------------------------------------------------------------- the chart (service mode)

@@ -10,7 +10,9 @@ an image config (entrypoint, cmd, user, working dir), a manifest, and an index w
       --dir /tmp:1777 --entrypoint '["/bin/sh"]'
 
 --file DEST=SRC copies SRC (following symlinks) to DEST; --dir DEST[:MODE] makes an empty directory;
---busybox-links PATH adds a symlink in /bin for every applet PATH reports (`PATH --list`).
+--busybox-links PATH adds a symlink in /bin for every applet PATH reports (`PATH --list`);
+--base-tar TAR puts an existing (uncompressed) tar, e.g. a Debian root file system, as a layer
+under the files' layer (repeatable; two images on the same TAR share that layer).
 """
 import argparse
 import gzip
@@ -55,10 +57,14 @@ def layer_bytes(entries):
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
     uncompressed = raw.getvalue()
+    return uncompressed, gzip_bytes(uncompressed)
+
+
+def gzip_bytes(uncompressed):
     gz = io.BytesIO()
     with gzip.GzipFile(fileobj=gz, mode="wb", mtime=EPOCH, compresslevel=6) as g:
         g.write(uncompressed)
-    return uncompressed, gz.getvalue()
+    return gz.getvalue()
 
 
 def blob(store, data):
@@ -74,6 +80,7 @@ def main():
     ap.add_argument("--file", action="append", default=[], metavar="DEST=SRC")
     ap.add_argument("--dir", action="append", default=[], metavar="DEST[:MODE]")
     ap.add_argument("--busybox-links", metavar="PATH")
+    ap.add_argument("--base-tar", action="append", default=[], metavar="TAR")
     ap.add_argument("--entrypoint", default="null", help="JSON list")
     ap.add_argument("--cmd", default="null", help="JSON list")
     ap.add_argument("--user", default="")
@@ -104,10 +111,22 @@ def main():
         for applet in applets:
             entries.setdefault("bin/" + applet, ("link", 0o777, args.busybox_links))
 
-    uncompressed, compressed = layer_bytes(entries)
     blobs = {}
+    layers = []
+    diff_ids = []
+    for base in args.base_tar:
+        with open(base, "rb") as f:
+            base_raw = f.read()
+        layer = blob(blobs, gzip_bytes(base_raw))
+        layer["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip"
+        layers.append(layer)
+        diff_ids.append("sha256:" + hashlib.sha256(base_raw).hexdigest())
+        del base_raw
+    uncompressed, compressed = layer_bytes(entries)
     layer = blob(blobs, compressed)
     layer["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip"
+    layers.append(layer)
+    diff_ids.append("sha256:" + hashlib.sha256(uncompressed).hexdigest())
     config = {
         "architecture": "amd64",
         "os": "linux",
@@ -118,13 +137,13 @@ def main():
             "User": args.user,
             "WorkingDir": args.workdir,
         },
-        "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(uncompressed).hexdigest()]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
         "history": [{"created_by": "e2e/node/oci_image.py"}],
     }
     cfg = blob(blobs, json.dumps(config, sort_keys=True).encode())
     cfg["mediaType"] = "application/vnd.oci.image.config.v1+json"
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": cfg, "layers": [layer]}
+                "config": cfg, "layers": layers}
     man = blob(blobs, json.dumps(manifest, sort_keys=True).encode())
     man["mediaType"] = "application/vnd.oci.image.manifest.v1+json"
     man["annotations"] = {"io.containerd.image.name": args.name, "org.opencontainers.image.ref.name": args.name.rsplit(":", 1)[-1]}
