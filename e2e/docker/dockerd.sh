@@ -7,11 +7,12 @@
 # Usage: e2e/docker/dockerd.sh COMMAND [ARGS...]   (root)
 # COMMAND runs inside, with DOCKER_HOST set to the engine's socket and `docker` on PATH being
 # the engine's own CLI (Debian's 20.10, which builds with BuildKit without buildx). Its exit
-# status is this script's. After it, every container is removed and the engine stopped; the
-# namespace, its mounts and addresses end with the last process.
+# status is this script's. After it, every container is removed (with its volumes) and the
+# engine stopped; the namespace, its mounts and addresses end with the last process.
 #   env DOCKER_DATA_ROOT  the engine's images, layers and build cache, kept between runs
 #                         (default $SIDECAR_INJECTOR_CACHE/docker/data-root). One engine at a
-#                         time uses it: a second run waits for the first.
+#                         time uses it: a second run waits for the first. Set it to an
+#                         empty directory of the run's for an engine that keeps nothing.
 set -euo pipefail
 
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -32,8 +33,14 @@ if [[ "${E2E_DOCKERD_INSIDE:-0}" != 1 ]]; then
     log "waiting for $DATA_ROOT.lock (another engine uses the data root)"
     flock 8
   fi
+  # kind's nodes mount /lib/modules; docker makes the directory when it is missing.
+  modules_made=0
+  [[ -e /lib/modules ]] || modules_made=1
+  rc=0
   E2E_DOCKERD_INSIDE=1 DATA_ROOT="$DATA_ROOT" \
-    exec unshare --net --mount --propagation private -- bash "$0" "$@"
+    unshare --net --mount --propagation private -- bash "$0" "$@" || rc=$?
+  if ((modules_made)) && [[ -d /lib/modules ]]; then rmdir /lib/modules 2>/dev/null || true; fi
+  exit "$rc"
 fi
 
 # ------------------------------------------------------------------ inside
@@ -49,7 +56,7 @@ cleanup() {
     ids=$(docker ps -aq 2>/dev/null || true)
     if [[ -n "$ids" ]]; then
       # shellcheck disable=SC2086 # one id a word
-      docker rm -f $ids >/dev/null 2>&1 || { log "ERROR: containers could not be removed"; rc=1; }
+      docker rm -f -v $ids >/dev/null 2>&1 || { log "ERROR: containers could not be removed"; rc=1; }
     fi
     kill -TERM "$DOCKERD_PID" 2>/dev/null || true
     local i
@@ -99,8 +106,19 @@ export DOCKER_BUILDKIT=1
 unset DOCKER_CONFIG DOCKER_CONTEXT DOCKER_TLS_VERIFY DOCKER_CERT_PATH
 export DOCKER_CONFIG="$RUN/client"
 
+# dockerd 20.10 gives a --privileged container (kind's nodes) every capability the kernel knows;
+# where this machine's bounding set is smaller (here: no CAP_SYS_RESOURCE), runc refuses ("unable
+# to apply caps: operation not permitted"). Then the default runtime is runc behind
+# runc-capfilter.sh, which drops only the capabilities the machine does not grant (as newer
+# engines do for --privileged).
+runtime=()
+cap_last=$(cat /proc/sys/kernel/cap_last_cap)
+bounding=$((16#$(sed -n 's/^CapBnd:[[:space:]]*//p' /proc/self/status)))
+if ((bounding != (1 << (cap_last + 1)) - 1)); then
+  runtime=(--add-runtime "runc-capfilter=$HERE/runc-capfilter.sh" --default-runtime runc-capfilter)
+fi
 dockerd --data-root "$DATA_ROOT" --exec-root "$RUN/exec" --pidfile "$RUN/dockerd.pid" \
-  --host "$DOCKER_HOST" --log-level warn >"$RUN/dockerd.log" 2>&1 &
+  --host "$DOCKER_HOST" --log-level warn "${runtime[@]}" >"$RUN/dockerd.log" 2>&1 &
 DOCKERD_PID=$!
 for ((i = 0; i < 300; i++)); do
   docker version >/dev/null 2>&1 && break

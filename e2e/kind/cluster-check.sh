@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates a real kind cluster on this machine, with no registry, checks it and deletes it:
 #  1. e2e/kind/node-image.sh: the kind CLI, the Kubernetes binaries and the node image (cached);
-#  2. e2e/kind/with-dockerd.sh: a private dockerd in a network + mount namespace made here;
+#  2. e2e/docker/dockerd.sh: a private dockerd in a network + mount namespace made here;
 #  3. inside: `docker import` of the node image, `kind create cluster` with e2e/kind/cluster.yaml,
 #     then the node Ready and the kube-system pods (etcd, apiserver, controller-manager,
 #     scheduler, kube-proxy, coredns, kindnet) Running, a pod's DNS lookup of the API service,
@@ -14,6 +14,7 @@
 set -euo pipefail
 
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd -- "$HERE/../.." && pwd)
 CLUSTER=${KIND_CLUSTER_NAME:-kind-check}
 log() { printf '[kind-check %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -28,7 +29,7 @@ if [[ "${KIND_CHECK_INSIDE:-0}" != 1 ]]; then
   WORKDIR=$(mktemp -d -t sidecar-injector-kind.XXXXXX)
   rc=0
   # shellcheck disable=SC2097,SC2098 # WORKDIR is the same value on both sides
-  KIND_CHECK_INSIDE=1 WORKDIR="$WORKDIR" "$HERE/with-dockerd.sh" "$WORKDIR" bash "$0" || rc=$?
+  KIND_CHECK_INSIDE=1 WORKDIR="$WORKDIR" "$REPO/e2e/docker/dockerd.sh" bash "$0" || rc=$?
   # The node container's cgroups: docker removes them with the container.
   for d in /sys/fs/cgroup/*/docker; do
     if [[ -d "$d" ]] && find "$d" -mindepth 1 -maxdepth 1 -type d -newer "$WORKDIR" | grep -q .; then

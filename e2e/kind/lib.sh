@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Helpers for scripts that run kind with the locally assembled node image
 # (e2e/kind/node-image.sh). Source after `eval "$(e2e/kind/node-image.sh)"`, inside
-# e2e/kind/with-dockerd.sh (DOCKER_HOST set).
+# e2e/docker/dockerd.sh (DOCKER_HOST set).
 
 # kind_node_image_load: `docker import` the node's root file system as $KIND_NODE_IMAGE, with
 # the metadata kind's base image sets (systemd must know it runs in a container; kind's

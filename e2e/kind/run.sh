@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The end-to-end scenarios against a kind cluster, for users with Docker: the chart as a user
-# installs it (in-cluster Deployment, Service, chart-made certificates), the image built from
-# the top-level Dockerfile.
+# The end-to-end scenarios against a kind cluster: the chart as a user installs it (in-cluster
+# Deployment, Service, chart-made certificates), the image built from the top-level Dockerfile.
+# Runs against the Docker engine DOCKER_HOST names (a user's own); `make test-e2e-kind`
+# (e2e/kind/run-here.sh) runs it here, inside a private engine, with a locally made node image.
 #
 #  1. builds the scenario suite (before any cluster exists),
 #  2. creates a kind cluster (e2e/kind/cluster.yaml) with its own kubeconfig in a temp dir,
-#  3. `docker build`s the image and the node scenarios' stand-in images (busybox with
-#     e2e/node/standins; pause tagged local/pause:1), and `kind load`s them into the cluster,
+#  3. `docker build`s the image (or `docker load`s E2E_IMAGE_ARCHIVE), makes the node scenarios'
+#     stand-in images from local files (e2e/node/images.sh: busybox-static, no registry), and
+#     `kind load`s them into the cluster,
 #  4. `helm install`s the chart (service mode, certificates.mode=selfSigned),
 #  5. waits for the rollout and until a server-side dry-run create comes back injected,
 #  6. runs the same scenarios as e2e/run.sh, and the node scenarios of e2e/node/run.sh
@@ -23,7 +25,11 @@
 #                          `eval "$(e2e/kind/node-image.sh)"` gives it (and KIND, KIND_NODE_TAR):
 #                          import it with kind_node_image_load (e2e/kind/lib.sh) first
 #   env KIND               the kind binary (default: kind on PATH)
-#   env IMAGE_TAG          tag of the sidecar-injector image (default e2e)
+#   env KIND_CONFIG        the cluster's kind configuration (default e2e/kind/cluster.yaml)
+#   env E2E_IMAGE_ARCHIVE  the image as `docker save` wrote it (local/sidecar-injector:e2e),
+#                          instead of a `docker build` here
+#   env E2E_KIND_POD_ROUTE=1 route the pod network into this network namespace (only where
+#                          the namespace is the run's own: e2e/kind/run-here.sh)
 #   env KEEP_CLUSTER=1     leave the cluster running (delete it with kind delete cluster --name ...)
 #   env E2E_TEST_FILTER    run only scenarios whose name contains this
 #   env CARGO              cargo to use (default cargo)
@@ -37,8 +43,8 @@ REPO=$(cd -- "$E2E/.." && pwd)
 CARGO=${CARGO:-cargo}
 KIND=${KIND:-kind}
 CLUSTER=${KIND_CLUSTER_NAME:-sidecar-injector-e2e}
-IMAGE_REPOSITORY=sidecar-injector
-IMAGE_TAG=${IMAGE_TAG:-e2e}
+IMAGE_REPOSITORY=local/sidecar-injector
+IMAGE_TAG=e2e
 IMAGE="$IMAGE_REPOSITORY:$IMAGE_TAG"
 RELEASE=sidecar-injector
 RELEASE_NAMESPACE=sidecar-injector
@@ -83,7 +89,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-for tool in docker "$KIND" curl; do
+for tool in docker "$KIND" curl python3 busybox; do
   command -v "$tool" >/dev/null || die "$tool is required (kind: https://kind.sigs.k8s.io)"
 done
 docker info >/dev/null 2>&1 || die "docker is installed but no Docker engine answers"
@@ -109,43 +115,50 @@ node_image=()
 if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then node_image=(--image "$KIND_NODE_IMAGE"); fi
 CREATED=1 # from here on the trap deletes the cluster, also a half-created one
 log "creating cluster $CLUSTER"
-"$KIND" create cluster --name "$CLUSTER" --config "$HERE/cluster.yaml" --kubeconfig "$KUBECONFIG" \
+"$KIND" create cluster --name "$CLUSTER" --config "${KIND_CONFIG:-$HERE/cluster.yaml}" --kubeconfig "$KUBECONFIG" \
   --wait 180s "${node_image[@]}"
 VERSION=$(kubectl get --raw /version | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
 [[ -n "$VERSION" ]] || die "cannot read the apiserver's /version"
 echo "kube-apiserver $VERSION"
+# E2E_KIND_POD_ROUTE=1 (e2e/kind/run-here.sh, whose network namespace this is): a route to the
+# node's pod network through the node container, so the suite reaches pod addresses as on the
+# local node (scenarios that need E2E_POD_NETWORK). Never on a user's own machine.
+if [[ "${E2E_KIND_POD_ROUTE:-0}" == 1 ]]; then
+  [[ "$(readlink /proc/self/ns/net)" != "$(readlink /proc/1/ns/net)" ]] ||
+    die "E2E_KIND_POD_ROUTE=1 outside a network namespace of the run's own"
+  node_ip=$(docker inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}' \
+    "$CLUSTER-control-plane")
+  pod_cidr=$(kubectl get nodes -o jsonpath='{.items[0].spec.podCIDR}')
+  [[ -n "$node_ip" && -n "$pod_cidr" ]] || die "cannot read the node's address and pod CIDR"
+  ip route add "$pod_cidr" via "$node_ip"
+  log "pod network $pod_cidr routed through the node $node_ip"
+  export E2E_POD_NETWORK=1
+fi
 
-log "docker build -t $IMAGE ${DOCKER_BUILD_ARGS:-}"
-# DOCKER_BUILD_ARGS="--build-arg PGO=0": a plain release build instead of the image's
-# profile-guided one (the same code, built in half the time).
-# shellcheck disable=SC2086 # word-split on purpose: several arguments
-docker build ${DOCKER_BUILD_ARGS:-} -t "$IMAGE" "$REPO"
+if [[ -n "${E2E_IMAGE_ARCHIVE:-}" ]]; then
+  log "docker load -i $E2E_IMAGE_ARCHIVE"
+  docker load -q -i "$E2E_IMAGE_ARCHIVE" >/dev/null
+  docker image inspect "$IMAGE" >/dev/null 2>&1 || die "$E2E_IMAGE_ARCHIVE does not hold $IMAGE"
+else
+  log "docker build -t $IMAGE ${DOCKER_BUILD_ARGS:-}"
+  # DOCKER_BUILD_ARGS="--build-arg PGO=0": a plain release build instead of the image's
+  # profile-guided one (the same code, built in half the time).
+  # shellcheck disable=SC2086 # word-split on purpose: several arguments
+  docker build ${DOCKER_BUILD_ARGS:-} -t "$IMAGE" "$REPO"
+fi
 "$KIND" load docker-image "$IMAGE" --name "$CLUSTER"
-# The node scenarios' images, under the names e2e/node/images.sh gives them on the local node.
+# The node scenarios' images, as on the local node (e2e/node/images.sh, from busybox-static).
 log "stand-in images: local/busybox:1, local/pause:1, local/proxy:1, local/log-shipper:1"
-docker pull -q busybox:1.36.1 >/dev/null
-docker pull -q registry.k8s.io/pause:3.10 >/dev/null
-docker tag busybox:1.36.1 local/busybox:1
-docker tag registry.k8s.io/pause:3.10 local/pause:1
-standin() { # image script
-  docker build -q -t "$1" -f - "$E2E/node/standins" >/dev/null <<EOF
-FROM busybox:1.36.1
-COPY $2 /standin/$2
-COPY www/ /standin/www/
-ENTRYPOINT ["/bin/sh", "/standin/$2"]
-EOF
-}
-standin local/proxy:1 proxy.sh
-standin local/log-shipper:1 log-shipper.sh
-for image in local/busybox:1 local/pause:1 local/proxy:1 local/log-shipper:1; do
-  "$KIND" load docker-image "$image" --name "$CLUSTER"
+bash "$E2E/node/images.sh" "$WORKDIR/images" >/dev/null
+for tar in "$WORKDIR"/images/*.tar; do
+  "$KIND" load image-archive "$tar" --name "$CLUSTER"
 done
 
 # ---------------------------------------------------------------- the chart (service mode)
 log "helm install $RELEASE (service mode, selfSigned certificates)"
 helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
   --namespace "$RELEASE_NAMESPACE" --create-namespace \
-  --set image.repository="$IMAGE_REPOSITORY" \
+  --set image.repository="docker.io/$IMAGE_REPOSITORY" \
   --set image.tag="$IMAGE_TAG" \
   --set image.pullPolicy=Never \
   --set certificates.mode=selfSigned \
@@ -176,6 +189,10 @@ export E2E_INJECTOR_CTL="$E2E/node/injector-ctl.sh"
 export E2E_APP_IMAGE=local/pause:1
 # Local-mode settings from the caller's shell must not leak in.
 unset AUDIT_LOG E2E_WEBHOOK_URL CA_CERT E2E_CA_KEY E2E_SERVICE_DNS ADMISSION_PLUGINS
+# `sidecar-injector outdated` and `export` for the scenarios that run them (with E2E_POD_NETWORK).
+"$CARGO" build --quiet --bin sidecar-injector
+E2E_INJECTOR_BIN="$(e2e_target_dir "$CARGO")/debug/sidecar-injector"
+export E2E_INJECTOR_BIN
 log "running $TOTAL scenarios"
 suite_rc=0
 e2e_run_scenarios "$CARGO" "$TOTAL" "$WORKDIR/scenarios.log" || suite_rc=$?

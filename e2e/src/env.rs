@@ -48,6 +48,10 @@ pub enum Need {
 #[derive(Clone, Debug)]
 pub struct Env {
     pub mode: Mode,
+    /// Pod addresses are reachable from the suite: always on the node; in kind when the
+    /// runner routes the pod network into its namespace (`E2E_POD_NETWORK=1`,
+    /// e2e/kind/run-here.sh).
+    pub pod_network: bool,
     /// `AUDIT_LOG`: the apiserver's audit log (local mode).
     pub audit_log: Option<PathBuf>,
     /// `E2E_INJECTOR_CTL`: a program taking `stop` or `start` for the server process.
@@ -104,6 +108,7 @@ impl Env {
         let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
         Ok(Self {
             mode,
+            pod_network: mode == Mode::Node || var("E2E_POD_NETWORK").as_deref() == Some("1"),
             audit_log: var("AUDIT_LOG").map(PathBuf::from),
             injector_ctl: var("E2E_INJECTOR_CTL").map(PathBuf::from),
             webhook_url: var("E2E_WEBHOOK_URL"),
@@ -155,7 +160,7 @@ impl Env {
                     "the local control plane has no kubelet: pods never run (e2e/node/run.sh has one)",
                 ),
                 Need::PodNetwork => (
-                    self.mode == Mode::Node,
+                    self.pod_network,
                     "pod addresses are only reachable from inside the node's network namespace (e2e/node/run.sh)",
                 ),
                 Need::CaKey => (
@@ -169,10 +174,9 @@ impl Env {
                                 && self.injector_config.is_some()
                                 && self.injector_admin_port.is_some()
                         }
-                        Mode::Node => self.injector_bin.is_some(),
-                        Mode::Kind => false,
+                        Mode::Node | Mode::Kind => self.injector_bin.is_some() && self.pod_network,
                     },
-                    "kind's run has no sidecar-injector binary for the suite, and the injector pods' admin ports are not reachable from the test machine",
+                    "kind's run has no sidecar-injector binary for the suite (E2E_INJECTOR_BIN), or the injector pods' admin ports are not reachable from the test machine (E2E_POD_NETWORK)",
                 ),
                 Need::Prometheus => (
                     self.prometheus_url.is_some()

@@ -126,11 +126,10 @@ impl Source {
             Mode::Local => Ok(Self::File(
                 env.injector_config.clone().context("no injector config")?,
             )),
-            Mode::Node => Ok(Self::ConfigMap {
+            Mode::Node | Mode::Kind => Ok(Self::ConfigMap {
                 namespace: env.injector_namespace.clone(),
                 name: env.webhook_config.clone(),
             }),
-            Mode::Kind => anyhow::bail!("no template change in kind mode"),
         }
     }
 
@@ -316,8 +315,8 @@ pub async fn proxy_image(pods: &Api<Pod>) -> anyhow::Result<String> {
 /// configuration (`sidecar_injector_reloads_total{kind="config",result="success"}`).
 async fn config_reloads(env: &Env, client: &Client) -> anyhow::Result<Vec<(String, f64)>> {
     let mut counts = Vec::new();
-    // In kind the injector pods are not reachable: the dry runs are all there is.
-    if env.mode == Mode::Kind {
+    // Where the injector pods are not reachable, the dry runs are all there is.
+    if env.mode == Mode::Kind && !env.pod_network {
         return Ok(counts);
     }
     for (address, text) in injector_metrics_each(env, client).await? {
@@ -398,7 +397,7 @@ async fn injector_metrics_each(
                 .context("no E2E_INJECTOR_ADMIN_PORT")?;
             addresses.push(format!("127.0.0.1:{port}"));
         }
-        Mode::Node => {
+        Mode::Node | Mode::Kind if env.pod_network => {
             for pod in injector_pods(client, &env.injector_namespace, &env.webhook_config).await? {
                 let ip = pod
                     .status
@@ -415,7 +414,9 @@ async fn injector_metrics_each(
                 addresses.push(format!("{ip}:{port}"));
             }
         }
-        Mode::Kind => anyhow::bail!("the injector pods are not reachable in kind mode"),
+        Mode::Node | Mode::Kind => {
+            anyhow::bail!("the injector pods are not reachable: no E2E_POD_NETWORK")
+        }
     }
     let mut each = Vec::new();
     for address in addresses {

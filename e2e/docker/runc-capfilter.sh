@@ -1,5 +1,5 @@
 #!/bin/bash
-# A runc for dockerd (e2e/kind/with-dockerd.sh sets it as the default runtime when needed):
+# A runc for dockerd (e2e/docker/dockerd.sh sets it as the default runtime when needed):
 # runs /usr/sbin/runc unchanged, except that on `create`/`run` (the bundle's config.json) and
 # `exec` (its --process file) it removes from the capability sets every capability this
 # process's bounding set lacks.
