@@ -71,6 +71,9 @@ cleanup() {
     fi
     wait "$DOCKERD_PID" 2>/dev/null || true
   fi
+  # The cgroups the engine made for its containers and BuildKit, once empty (rmdir removes only
+  # an empty one; another engine's stay).
+  rmdir /sys/fs/cgroup/*/docker/buildkit /sys/fs/cgroup/*/docker 2>/dev/null || true
   # dockerd's own containerd stops with it; anything still running from RUN is a leak.
   if pgrep -f -- "$RUN/" >/dev/null; then
     log "ERROR: processes left behind:"
