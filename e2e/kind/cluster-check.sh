@@ -126,17 +126,25 @@ check "coredns Ready" pods_running k8s-app=kube-dns
 "${KUBECTL[@]}" get nodes -o wide >&2
 "${KUBECTL[@]}" -n kube-system get pods -o wide >&2
 
+# Prints the phase of pod NAME once it finished (Succeeded or Failed), or the last one seen
+# after SECONDS.
+finished_phase() { # name seconds
+  local phase="" i
+  for ((i = 0; i < $2; i++)); do
+    phase=$("${KUBECTL[@]}" get pod "$1" -o jsonpath='{.status.phase}')
+    [[ "$phase" == Succeeded || "$phase" == Failed ]] && break
+    sleep 1
+  done
+  echo "$phase"
+}
+
 # A pod on the pod network resolves the API server's service through CoreDNS and kube-proxy.
 dns_lookup() {
   "${KUBECTL[@]}" run dns-check --image "$(
     "${KUBECTL[@]}" -n kube-system get ds kindnet -o jsonpath='{.spec.template.spec.containers[0].image}'
   )" --restart=Never --command -- getent hosts kubernetes.default.svc.cluster.local >&2 || return 1
-  local phase=""
-  for _ in $(seq 60); do
-    phase=$("${KUBECTL[@]}" get pod dns-check -o jsonpath='{.status.phase}')
-    [[ "$phase" == Succeeded || "$phase" == Failed ]] && break
-    sleep 1
-  done
+  local phase
+  phase=$(finished_phase dns-check 60)
   "${KUBECTL[@]}" logs dns-check >&2 || true
   "${KUBECTL[@]}" delete pod dns-check --wait=false >/dev/null 2>&1 || true
   [[ "$phase" == Succeeded ]]
@@ -154,12 +162,8 @@ kind_load() {
   "$KIND" load docker-image "$img" --name "$CLUSTER" >&2 || return 1
   "${KUBECTL[@]}" run load-check --image "$img" --image-pull-policy=Never --restart=Never \
     --command -- /bin/sh -c 'echo loaded-image-ran' >&2 || return 1
-  local phase=""
-  for _ in $(seq 60); do
-    phase=$("${KUBECTL[@]}" get pod load-check -o jsonpath='{.status.phase}')
-    [[ "$phase" == Succeeded || "$phase" == Failed ]] && break
-    sleep 1
-  done
+  local phase
+  phase=$(finished_phase load-check 60)
   local out
   out=$("${KUBECTL[@]}" logs load-check 2>&1 || true)
   "${KUBECTL[@]}" delete pod load-check --wait=false >/dev/null 2>&1 || true
@@ -193,12 +197,8 @@ spec:
       volumeMounts: [{name: d, mountPath: /data}]
   volumes: [{name: d, persistentVolumeClaim: {claimName: storage-check}}]
 EOF
-  local phase=""
-  for _ in $(seq 90); do
-    phase=$("${KUBECTL[@]}" get pod storage-check -o jsonpath='{.status.phase}')
-    [[ "$phase" == Succeeded || "$phase" == Failed ]] && break
-    sleep 1
-  done
+  local phase
+  phase=$(finished_phase storage-check 90)
   local out pvc
   out=$("${KUBECTL[@]}" logs storage-check 2>&1 || true)
   pvc=$("${KUBECTL[@]}" get pvc storage-check -o jsonpath='{.status.phase}')
