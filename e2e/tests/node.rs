@@ -551,12 +551,15 @@ async fn n05_certificate_rotation_in_the_cluster() -> anyhow::Result<()> {
                 .collect();
             let old = served_certificate(&ips[0], 8443, &dns, &ca_pem).await?;
 
-            let dir = tempdir()?;
+            // Removed when it drops, pass or fail: a run leaves no key behind.
+            let dir = tempfile::Builder::new()
+                .prefix("sidecar-injector-n05-")
+                .tempdir()?;
             let (crt, key) = new_serving_cert(
                 &ca_cert.display().to_string(),
                 &ca_key.display().to_string(),
                 &dns,
-                &dir,
+                dir.path(),
             )
             .await?;
             let new_der =
@@ -604,13 +607,6 @@ async fn n05_certificate_rotation_in_the_cluster() -> anyhow::Result<()> {
         },
     )
     .await
-}
-
-/// A fresh directory under the system's temp dir, for the rotated key and certificate.
-fn tempdir() -> anyhow::Result<std::path::PathBuf> {
-    let dir = std::env::temp_dir().join(format!("sidecar-injector-n05-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
 }
 
 /// n06. Policy mode, with no injector pod at all: the suite's injector Deployment is scaled to
