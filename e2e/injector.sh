@@ -5,7 +5,9 @@
 # Usage: e2e/injector.sh start|stop|status
 #   env E2E_WORKDIR              the run's WORKDIR (pid file in run/, log in logs/)
 #   env E2E_INJECTOR_BIN         the sidecar-injector binary
-#   env E2E_INJECTOR_PORT        TLS port on 127.0.0.1 (/mutate, /validate)
+#   env E2E_INJECTOR_PORT        TLS port (/mutate, /validate)
+#   env E2E_INJECTOR_ADDRESS     the address it listens on (default 127.0.0.1; in kind the
+#                                network's gateway, which the apiserver reaches)
 #   env E2E_INJECTOR_ADMIN_PORT  admin port on 127.0.0.1 (/readyz)
 #   env E2E_INJECTOR_CERT, E2E_INJECTOR_KEY  serving certificate and key
 #   env SIDECAR_INJECTOR_NAMESPACE           passed on to the server
@@ -21,7 +23,7 @@ HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=control-plane/lib.sh source-path=SCRIPTDIR
 . "$HERE/control-plane/lib.sh"
 
-[[ $# -eq 1 ]] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[[ $# -eq 1 ]] || { sed -n '2,19p' "$0" >&2; exit 2; }
 : "${E2E_WORKDIR:?}"
 PID_FILE="$E2E_WORKDIR/run/sidecar-injector.pid"
 CONFIG_DIR="$E2E_WORKDIR/injector-config"
@@ -53,7 +55,7 @@ start() {
     export SIDECAR_INJECTOR_CONFIG="$CONFIG_DIR/config.yaml"
   fi
   setsid "$E2E_INJECTOR_BIN" serve \
-    --listen "127.0.0.1:$E2E_INJECTOR_PORT" \
+    --listen "${E2E_INJECTOR_ADDRESS:-127.0.0.1}:$E2E_INJECTOR_PORT" \
     --admin-listen "127.0.0.1:$E2E_INJECTOR_ADMIN_PORT" \
     --tls-cert-file "$E2E_INJECTOR_CERT" \
     --tls-key-file "$E2E_INJECTOR_KEY" \
@@ -77,7 +79,7 @@ start() {
     fi
     sleep 0.2
   done
-  log "ready: https://127.0.0.1:$E2E_INJECTOR_PORT (pid $(<"$PID_FILE"))"
+  log "ready: https://${E2E_INJECTOR_ADDRESS:-127.0.0.1}:$E2E_INJECTOR_PORT (pid $(<"$PID_FILE"))"
 }
 
 stop() {
@@ -96,5 +98,5 @@ case "$1" in
   start) start ;;
   stop) stop ;;
   status) if pid=$(running_pid); then echo "running $pid"; else echo stopped; exit 1; fi ;;
-  *) sed -n '2,17p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,19p' "$0" >&2; exit 2 ;;
 esac

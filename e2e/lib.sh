@@ -38,6 +38,115 @@ e2e_serving_cert() { # ca-cert ca-key pki name sans log
   } >>"$log" 2>&1
 }
 
+# Makes PKI/ca.crt and PKI/ca.key, a CA of the run's own (kind, whose cluster CA stays in its
+# node), for e2e_serving_cert. openssl's output goes to LOG.
+e2e_ca() { # pki log
+  local pki=$1 log=$2
+  mkdir -p "$pki"
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -out "$pki/ca.crt" -days 2 \
+    -subj "/CN=sidecar-injector e2e CA" -addext "basicConstraints=critical,CA:TRUE" \
+    -addext "keyUsage=critical,keyCertSign,cRLSign" >>"$log" 2>&1
+}
+
+# Writes OUT: the embedded configuration (templates/config.yaml) with the node scenarios'
+# stand-in images, as node/values.yaml gives the chart: a pod that a server outside the cluster
+# injects must not make the node try to pull the real images.
+e2e_standin_config() { # out
+  local repo
+  repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+  sed -e 's#^\(  *image:\) cr\.fluentbit\.io/.*#\1 local/log-shipper:1#' \
+    -e 's#^\(  *image:\) docker\.io/envoyproxy/.*#\1 local/proxy:1#' \
+    "$repo/templates/config.yaml" >"$1"
+  [[ $(grep -c 'image: local/' "$1") == 2 ]] || {
+    e2e_log "ERROR: templates/config.yaml no longer names the two images e2e_standin_config replaces"
+    return 1
+  }
+}
+
+# A Prometheus on 127.0.0.1 (of the run's network namespace) that finds the release's pods
+# through Kubernetes service discovery and scrapes their admin ports, labelled as the chart's
+# ServiceMonitor labels them (job <release>, namespace, pod). It loads the chart's rules as this
+# installation renders them (CHART-ARGS: the install's --values/--set), with the down alert
+# after 5 s, not 2 min. The run's namespace must reach the pod addresses (a node's namespace,
+# or kind's pod route). Exports E2E_PROMETHEUS_URL and E2E_PROMETHEUS_RULES for the suite;
+# e2e_prometheus_stop ends it. Its log is LOGS/prometheus.log.
+E2E_PROMETHEUS_PID=""
+e2e_prometheus_start() { # bin-dir dir logs apiserver-url ca cert key release namespace chart-args...
+  local bin=$1 dir=$2 logs=$3 url=$4 ca=$5 cert=$6 key=$7 release=$8 ns=$9 port i repo
+  shift 9
+  repo=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")/.." && pwd)
+  mkdir -p "$dir/data" "$logs"
+  HELM=${HELM:-helm} python3 "$repo/charts/prometheus-rules.py" --namespace "$ns" "$@" \
+    --set prometheusRule.alerts.SidecarInjectorDown.for=5s \
+    >"$dir/rules.yaml" 2> >(grep -v 'symbolic link in path' >&2) || {
+    e2e_log "ERROR: cannot render the chart's rules"
+    return 1
+  }
+  cat >"$dir/prometheus.yml" <<EOF
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files: [rules.yaml]
+scrape_configs:
+  - job_name: $release
+    kubernetes_sd_configs:
+      - role: pod
+        api_server: $url
+        namespaces: {names: [$ns]}
+        tls_config: {ca_file: $ca, cert_file: $cert, key_file: $key}
+    relabel_configs:
+      - source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_instance]
+        regex: $release
+        action: keep
+      - source_labels: [__meta_kubernetes_pod_container_port_name]
+        regex: admin
+        action: keep
+      - source_labels: [__meta_kubernetes_namespace]
+        target_label: namespace
+      - source_labels: [__meta_kubernetes_pod_name]
+        target_label: pod
+EOF
+  "$bin/promtool" check config "$dir/prometheus.yml" >"$logs/promtool.log" 2>&1 || {
+    e2e_log "ERROR: promtool check config failed (see $logs/promtool.log)"
+    return 1
+  }
+  port=$(cp_free_port) || return 1
+  e2e_log "prometheus on 127.0.0.1:$port"
+  "$bin/prometheus" --config.file="$dir/prometheus.yml" \
+    --storage.tsdb.path="$dir/data" --storage.tsdb.retention.time=1d \
+    --web.listen-address="127.0.0.1:$port" --log.level=warn \
+    >"$logs/prometheus.log" 2>&1 </dev/null &
+  E2E_PROMETHEUS_PID=$!
+  for ((i = 0; i < 120; i++)); do
+    if curl --silent --fail --noproxy '*' --max-time 2 "http://127.0.0.1:$port/-/ready" >/dev/null; then
+      export E2E_PROMETHEUS_URL="http://127.0.0.1:$port"
+      export E2E_PROMETHEUS_RULES="$dir/rules.yaml"
+      return 0
+    fi
+    kill -0 "$E2E_PROMETHEUS_PID" 2>/dev/null || {
+      e2e_log "ERROR: prometheus exited (see $logs/prometheus.log)"
+      return 1
+    }
+    sleep 0.5
+  done
+  e2e_log "ERROR: prometheus not ready in 60s (see $logs/prometheus.log)"
+  return 1
+}
+
+# Ends the Prometheus of e2e_prometheus_start, if any: TERM, then KILL after 10 s.
+e2e_prometheus_stop() {
+  local pid=$E2E_PROMETHEUS_PID i
+  [[ -n "$pid" ]] || return 0
+  E2E_PROMETHEUS_PID=""
+  kill -TERM "$pid" 2>/dev/null || true
+  for ((i = 0; i < 100; i++)); do
+    kill -0 "$pid" 2>/dev/null || return 0
+    sleep 0.1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+}
+
 # True when no process whose command line names WORKDIR is left; else lists them (stderr).
 e2e_nothing_left_of() { # workdir
   pgrep -f -- "$1/" >/dev/null || return 0

@@ -166,32 +166,8 @@ EOF
 chmod 600 "$WORKDIR/kubeconfig"
 
 # ----------------------------------------------------------- audit policy
-# Pods (and their subresources) at Request level: the audit event then carries
-# mutation.webhook.admission.k8s.io/round_N_index_M and
-# patch.webhook.admission.k8s.io/round_N_index_M annotations. Other writes at
-# Metadata; reads, leases and events are not logged.
-cat >"$WORKDIR/audit-policy.yaml" <<'EOF'
-apiVersion: audit.k8s.io/v1
-kind: Policy
-omitStages: ["RequestReceived"]
-rules:
-- level: None
-  resources:
-  - group: coordination.k8s.io
-    resources: ["leases"]
-  - group: ""
-    resources: ["events"]
-  - group: events.k8s.io
-    resources: ["events"]
-- level: Request
-  verbs: ["create", "update", "patch"]
-  resources:
-  - group: ""
-    resources: ["pods", "pods/ephemeralcontainers"]
-- level: Metadata
-  verbs: ["create", "update", "patch", "delete", "deletecollection"]
-- level: None
-EOF
+# The suites' one policy (pods at Request level: the webhook annotations the scenarios read).
+cp "$HERE/../audit-policy.yaml" "$WORKDIR/audit-policy.yaml"
 
 # ------------------------------------------------------------------ start
 # Each process gets its own session (setsid) so it outlives this script, and its

@@ -97,8 +97,9 @@ kind_node_image_load
 log "imported in $((SECONDS - t0))s"
 
 t0=$SECONDS
+kind_render_config "$HERE/cluster.yaml" "$WORKDIR/audit" >"$WORKDIR/cluster.yaml"
 CREATED=1
-if "$KIND" create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$HERE/cluster.yaml" \
+if "$KIND" create cluster --name "$CLUSTER" --image "$KIND_NODE_IMAGE" --config "$WORKDIR/cluster.yaml" \
   --kubeconfig "$KUBECONFIG" --wait 180s --retain; then
   PASSED=$((PASSED + 1))
   log "ok: kind create cluster ($((SECONDS - t0))s)"

@@ -1,7 +1,19 @@
 # shellcheck shell=bash
-# Helpers for scripts that run kind with the locally assembled node image
-# (e2e/kind/node-image.sh). Source after `eval "$(e2e/kind/node-image.sh)"`, inside
-# e2e/docker/dockerd.sh (DOCKER_HOST set).
+# Helpers for the scripts that run kind (kind/run.sh, kind/run-here.sh, kind/cluster-check.sh).
+# Sourced, not run.
+
+# kind_render_config SRC DIR: prints the kind configuration SRC with @AUDIT_DIR@ filled in as
+# DIR, which it makes and gives the suites' audit policy (e2e/audit-policy.yaml); the
+# apiserver then writes DIR/audit.log (kind/cluster.yaml mounts DIR into the node).
+kind_render_config() { # src dir
+  local src=$1 dir=$2
+  mkdir -p "$dir"
+  cp "$(dirname -- "${BASH_SOURCE[0]}")/../audit-policy.yaml" "$dir/audit-policy.yaml" || return 1
+  sed "s|@AUDIT_DIR@|$dir|g" "$src"
+}
+
+# The next one is for the locally assembled node image (e2e/kind/node-image.sh): call it after
+# `eval "$(e2e/kind/node-image.sh)"`, inside e2e/docker/dockerd.sh (DOCKER_HOST set).
 
 # kind_node_image_load: `docker import` the node's root file system as $KIND_NODE_IMAGE, with
 # the metadata kind's base image sets (systemd must know it runs in a container; kind's

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The kind e2e suite (e2e/kind/run.sh) on this machine, with no registry (`make test-e2e-kind`):
 #  1. outside: kind/install.sh and tools/install.sh (Debian packages, helm, kubectl), the node
-#     image and the kind CLI (kind/node-image.sh, cached), the injector's image (E2E_IMAGE_ARCHIVE,
-#     or e2e/docker/build-image.sh), and the suite compiled, so that nothing inside needs a
-#     network;
+#     image and the kind CLI (kind/node-image.sh, cached), prometheus (tools/prometheus.sh,
+#     cached), the injector's image (E2E_IMAGE_ARCHIVE, or e2e/docker/build-image.sh), and the
+#     suite compiled, so that nothing inside needs a network;
 #  2. inside a private Docker engine in its own network and mount namespace (e2e/docker/dockerd.sh):
-#     the node image imported (kind/lib.sh), then kind/run.sh with KIND, KIND_NODE_IMAGE and
-#     E2E_IMAGE_ARCHIVE: the cluster, the chart, the scenarios, the cluster deleted.
+#     the node image imported (kind/lib.sh), then kind/run.sh with KIND, KIND_NODE_IMAGE,
+#     E2E_IMAGE_ARCHIVE and PROMETHEUS_BIN, the pod route and the webhooks on the kind
+#     network's gateway (the namespace is the run's own): the cluster, the chart, the
+#     scenarios, the cluster deleted.
 # Ends with kind/run.sh's "N passed, M failed, K skipped".
 #   env K8S_VERSION (default v1.35.8), E2E_IMAGE_ARCHIVE, E2E_TEST_FILTER, KEEP_CLUSTER
 set -euo pipefail
@@ -25,7 +27,7 @@ if [[ "${1:-}" == --inside ]]; then
   . "$HERE/lib.sh"
   log "docker import of the node image $KIND_NODE_IMAGE (when not in the engine already)"
   kind_node_image_load || die "cannot import $KIND_NODE_TAR"
-  E2E_KIND_POD_ROUTE=1 exec bash "$HERE/run.sh"
+  E2E_KIND_POD_ROUTE=1 E2E_KIND_HOST_WEBHOOKS=1 exec bash "$HERE/run.sh"
 fi
 
 ((EUID == 0)) || die "needs root (a Docker engine in namespaces)"
@@ -38,6 +40,8 @@ bash "$HERE/install.sh"
 bash "$REPO/tools/install.sh"
 eval "$(bash "$HERE/node-image.sh")"
 export KIND_NODE_IMAGE KIND_NODE_TAR KIND
+PROMETHEUS_BIN=$(bash "$REPO/tools/prometheus.sh" | tail -n1)
+export PROMETHEUS_BIN
 if [[ -z "${E2E_IMAGE_ARCHIVE:-}" ]]; then
   IMAGE_DIR=$(mktemp -d -t sidecar-injector-kind-image.XXXXXX)
   E2E_IMAGE_ARCHIVE=$IMAGE_DIR/sidecar-injector.tar

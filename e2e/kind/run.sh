@@ -4,19 +4,24 @@
 # Runs against the Docker engine DOCKER_HOST names (a user's own); `make test-e2e-kind`
 # (e2e/kind/run-here.sh) runs it here, inside a private engine, with a locally made node image.
 #
-#  1. builds the scenario suite (before any cluster exists),
-#  2. creates a kind cluster (e2e/kind/cluster.yaml) with its own kubeconfig in a temp dir,
+#  1. builds the scenario suite and the sidecar-injector binary (before any cluster exists),
+#  2. creates a kind cluster (e2e/kind/cluster.yaml) with its own kubeconfig in a temp dir; the
+#     apiserver writes its audit log into that directory (e2e/audit-policy.yaml),
 #  3. `docker build`s the image (or `docker load`s E2E_IMAGE_ARCHIVE), makes the node scenarios'
 #     stand-in images from local files (e2e/node/images.sh: busybox-static, no registry), and
 #     `kind load`s them into the cluster,
 #  4. `helm install`s the chart (service mode, certificates.mode=selfSigned),
 #  5. waits for the rollout and until a server-side dry-run create comes back injected,
-#  6. runs the same scenarios as e2e/run.sh, and the node scenarios of e2e/node/run.sh
-#     (tests/node.rs), with E2E_MODE=kind: the ones that need apiserver flags, the audit log, a
-#     webhook on the test machine's 127.0.0.1, pod addresses or the serving certificate's CA key
-#     say "SKIPPED name: reason" and count as skipped; "stopping the server" scales the
+#  6. with E2E_KIND_HOST_WEBHOOKS=1: a second injector process on the kind network's gateway
+#     address (which the apiserver reaches), with a certificate from a CA of the run, for the
+#     url-mode chart scenarios, and the suite's own webhooks on that address; with the pod
+#     route and PROMETHEUS_BIN: a Prometheus scraping the injector's pods,
+#  7. runs the same scenarios as e2e/run.sh, and the node scenarios of e2e/node/run.sh
+#     (tests/node.rs), with E2E_MODE=kind: the ones that need what this run lacks (pod
+#     addresses, a webhook the apiserver can call, Prometheus, the serving certificate's CA
+#     key) say "SKIPPED name: reason" and count as skipped; "stopping the server" scales the
 #     Deployment to 0 (e2e/node/injector-ctl.sh),
-#  7. deletes the cluster (exit trap, also on failure or Ctrl-C).
+#  8. deletes the cluster (exit trap, also on failure or Ctrl-C).
 #
 # Prints "kube-apiserver vX.Y.Z" and ends with "N passed, M failed, K skipped"; exits non-zero
 # on any failure.
@@ -30,6 +35,10 @@
 #                          instead of a `docker build` here
 #   env E2E_KIND_POD_ROUTE=1 route the pod network into this network namespace (only where
 #                          the namespace is the run's own: e2e/kind/run-here.sh)
+#   env E2E_KIND_HOST_WEBHOOKS=1 serve webhooks on the kind network's gateway address (where
+#                          this machine owns the engine's bridge: Linux; run-here.sh sets it)
+#   env PROMETHEUS_BIN     a directory with prometheus and promtool (tools/prometheus.sh):
+#                          with the pod route, n07 runs against it
 #   env KEEP_CLUSTER=1     leave the cluster running (delete it with kind delete cluster --name ...)
 #   env E2E_TEST_FILTER    run only scenarios whose name contains this
 #   env CARGO              cargo to use (default cargo)
@@ -40,6 +49,8 @@ E2E=$(cd -- "$HERE/.." && pwd)
 REPO=$(cd -- "$E2E/.." && pwd)
 # shellcheck source=../lib.sh source-path=SCRIPTDIR
 . "$E2E/lib.sh"
+# shellcheck source=lib.sh source-path=SCRIPTDIR
+. "$HERE/lib.sh"
 CARGO=${CARGO:-cargo}
 KIND=${KIND:-kind}
 CLUSTER=${KIND_CLUSTER_NAME:-sidecar-injector-e2e}
@@ -54,7 +65,13 @@ log() { e2e_log "kind: $*"; }
 die() { log "ERROR: $*"; exit 1; }
 
 cd "$REPO"
+# Settings of the other runners from the caller's shell must not leak in: this script sets
+# what the kind run has.
+unset AUDIT_LOG E2E_WEBHOOK_URL CA_CERT E2E_CA_KEY E2E_SERVICE_DNS ADMISSION_PLUGINS \
+  E2E_HOST_ADDRESS E2E_INJECTOR_CERT E2E_INJECTOR_KEY E2E_PROMETHEUS_URL E2E_PROMETHEUS_RULES \
+  SIDECAR_INJECTOR_CONFIG E2E_WORKDIR E2E_POD_NETWORK
 WORKDIR=""
+HOST_SERVER=0
 CREATED=0
 TOTAL=0
 PASSED=0
@@ -65,6 +82,8 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   e2e_stop_scenarios
+  e2e_prometheus_stop
+  if ((HOST_SERVER)); then E2E_WORKDIR="$WORKDIR" "$E2E/injector.sh" stop || rc=1; fi
   if ((CREATED)); then
     if ((rc != 0)); then
       log "server logs:"
@@ -104,6 +123,11 @@ command -v kubectl >/dev/null || die "kubectl is missing after tools/install.sh"
 E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
 TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
 ((TOTAL > 0)) || die "no scenario found"
+# `sidecar-injector outdated` and `export` for the scenarios that run them, and the server
+# outside the cluster (E2E_KIND_HOST_WEBHOOKS).
+"$CARGO" build --quiet --bin sidecar-injector
+E2E_INJECTOR_BIN="$(e2e_target_dir "$CARGO")/debug/sidecar-injector"
+export E2E_INJECTOR_BIN
 
 # ---------------------------------------------------------------- cluster
 if "$KIND" get clusters 2>/dev/null | grep -qx -- "$CLUSTER"; then
@@ -113,9 +137,14 @@ WORKDIR=$(mktemp -d -t sidecar-injector-kind.XXXXXX)
 export KUBECONFIG="$WORKDIR/kubeconfig"
 node_image=()
 if [[ -n "${KIND_NODE_IMAGE:-}" ]]; then node_image=(--image "$KIND_NODE_IMAGE"); fi
+# The configuration with its audit directory filled in (a KIND_CONFIG without @AUDIT_DIR@
+# gives no audit log: s06 is then skipped).
+KIND_CONFIG=${KIND_CONFIG:-$HERE/cluster.yaml}
+kind_render_config "$KIND_CONFIG" "$WORKDIR/audit" >"$WORKDIR/cluster.yaml" ||
+  die "cannot render $KIND_CONFIG"
 CREATED=1 # from here on the trap deletes the cluster, also a half-created one
 log "creating cluster $CLUSTER"
-"$KIND" create cluster --name "$CLUSTER" --config "${KIND_CONFIG:-$HERE/cluster.yaml}" --kubeconfig "$KUBECONFIG" \
+"$KIND" create cluster --name "$CLUSTER" --config "$WORKDIR/cluster.yaml" --kubeconfig "$KUBECONFIG" \
   --wait 180s "${node_image[@]}"
 VERSION=$(kubectl get --raw /version | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
 [[ -n "$VERSION" ]] || die "cannot read the apiserver's /version"
@@ -156,14 +185,16 @@ done
 
 # ---------------------------------------------------------------- the chart (service mode)
 log "helm install $RELEASE (service mode, selfSigned certificates)"
+CHART_VALUES=(
+  --set image.repository="docker.io/$IMAGE_REPOSITORY"
+  --set image.tag="$IMAGE_TAG"
+  --set image.pullPolicy=Never
+  --set certificates.mode=selfSigned
+  --set config.values.proxy.image=local/proxy:1
+  --set config.values.logShipper.image=local/log-shipper:1
+)
 helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
-  --namespace "$RELEASE_NAMESPACE" --create-namespace \
-  --set image.repository="docker.io/$IMAGE_REPOSITORY" \
-  --set image.tag="$IMAGE_TAG" \
-  --set image.pullPolicy=Never \
-  --set certificates.mode=selfSigned \
-  --set config.values.proxy.image=local/proxy:1 \
-  --set config.values.logShipper.image=local/log-shipper:1 \
+  --namespace "$RELEASE_NAMESPACE" --create-namespace "${CHART_VALUES[@]}" \
   --timeout 180s 2> >(grep -v 'symbolic link in path' >&2)
 kubectl -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=180s
 
@@ -180,6 +211,46 @@ until injected_on_dry_run; do
 done
 log "webhooks effective after ~$((SECONDS - t0))s"
 
+# ---------------------------------------------------------------- outside the cluster
+mkdir -p "$WORKDIR/logs"
+if [[ "${E2E_KIND_HOST_WEBHOOKS:-0}" == 1 ]]; then
+  # The kind network's IPv4 gateway: this machine's address on the engine's bridge, which the
+  # node containers (and so the apiserver) reach.
+  HOST=$(docker network inspect kind -f '{{range .IPAM.Config}}{{println .Gateway}}{{end}}' |
+    grep -m1 -E '^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$') || die "the kind network has no IPv4 gateway"
+  PKI="$WORKDIR/pki"
+  e2e_ca "$PKI" "$WORKDIR/logs/openssl.log" || die "cannot make the run's CA (see $WORKDIR/logs/openssl.log)"
+  e2e_serving_cert "$PKI/ca.crt" "$PKI/ca.key" "$PKI" injector "IP:$HOST" "$WORKDIR/logs/openssl.log" ||
+    die "cannot make the serving certificate (see $WORKDIR/logs/openssl.log)"
+  PORT=$(cp_free_port) || die "no free port"
+  ADMIN_PORT=$(cp_free_port "$PORT") || die "no free port"
+  e2e_standin_config "$WORKDIR/injector-config.yaml" || exit 1
+  HOST_SERVER=1
+  E2E_WORKDIR="$WORKDIR" E2E_INJECTOR_ADDRESS="$HOST" E2E_INJECTOR_PORT="$PORT" \
+    E2E_INJECTOR_ADMIN_PORT="$ADMIN_PORT" E2E_INJECTOR_CERT="$PKI/injector.crt" \
+    E2E_INJECTOR_KEY="$PKI/injector.key" SIDECAR_INJECTOR_NAMESPACE="$RELEASE_NAMESPACE" \
+    SIDECAR_INJECTOR_CONFIG="$WORKDIR/injector-config.yaml" "$E2E/injector.sh" start ||
+    die "the server on $HOST did not start (see $WORKDIR/logs/sidecar-injector.log)"
+  export E2E_HOST_ADDRESS="$HOST" E2E_WEBHOOK_URL="https://$HOST:$PORT" CA_CERT="$PKI/ca.crt"
+  export E2E_INJECTOR_CERT="$PKI/injector.crt" E2E_INJECTOR_KEY="$PKI/injector.key"
+  export SIDECAR_INJECTOR_CONFIG="$WORKDIR/injector-config.yaml"
+fi
+if [[ "${E2E_POD_NETWORK:-0}" == 1 && -n "${PROMETHEUS_BIN:-}" ]]; then
+  # Prometheus reads the pods from the apiserver as the kubeconfig's user.
+  auth="$WORKDIR/prometheus-auth"
+  mkdir -p "$auth"
+  for field in clusters.0.cluster.certificate-authority-data:ca.crt \
+    users.0.user.client-certificate-data:client.crt users.0.user.client-key-data:client.key; do
+    path=${field%%:*}
+    kubectl config view --raw -o "jsonpath={.${path//.0./[0].}}" | base64 -d >"$auth/${field##*:}" ||
+      die "cannot read $path from the kubeconfig"
+  done
+  apiserver=$(kubectl config view --raw -o 'jsonpath={.clusters[0].cluster.server}')
+  e2e_prometheus_start "$PROMETHEUS_BIN" "$WORKDIR/prometheus" "$WORKDIR/logs" "$apiserver" \
+    "$auth/ca.crt" "$auth/client.crt" "$auth/client.key" "$RELEASE" "$RELEASE_NAMESPACE" \
+    "${CHART_VALUES[@]}" || exit 1
+fi
+
 # ---------------------------------------------------------------- scenarios
 export E2E_MODE=kind
 export E2E_CHART="$REPO/charts/sidecar-injector"
@@ -187,12 +258,7 @@ export E2E_RELEASE_NAMESPACE="$RELEASE_NAMESPACE"
 export E2E_WEBHOOK_CONFIG="$RELEASE"
 export E2E_INJECTOR_CTL="$E2E/node/injector-ctl.sh"
 export E2E_APP_IMAGE=local/pause:1
-# Local-mode settings from the caller's shell must not leak in.
-unset AUDIT_LOG E2E_WEBHOOK_URL CA_CERT E2E_CA_KEY E2E_SERVICE_DNS ADMISSION_PLUGINS
-# `sidecar-injector outdated` and `export` for the scenarios that run them (with E2E_POD_NETWORK).
-"$CARGO" build --quiet --bin sidecar-injector
-E2E_INJECTOR_BIN="$(e2e_target_dir "$CARGO")/debug/sidecar-injector"
-export E2E_INJECTOR_BIN
+if grep -q '@AUDIT_DIR@' "$KIND_CONFIG"; then export AUDIT_LOG="$WORKDIR/audit/audit.log"; fi
 log "running $TOTAL scenarios"
 suite_rc=0
 e2e_run_scenarios "$CARGO" "$TOTAL" "$WORKDIR/scenarios.log" || suite_rc=$?

@@ -100,23 +100,11 @@ fi
 E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
 PASSED=0
 FAILED=0
-PROMETHEUS_PID=""
-stop_prometheus() {
-  [[ -n "$PROMETHEUS_PID" ]] || return 0
-  kill -TERM "$PROMETHEUS_PID" 2>/dev/null || true
-  local i
-  for ((i = 0; i < 100; i++)); do
-    kill -0 "$PROMETHEUS_PID" 2>/dev/null || { PROMETHEUS_PID=""; return 0; }
-    sleep 0.1
-  done
-  kill -KILL "$PROMETHEUS_PID" 2>/dev/null || true
-  PROMETHEUS_PID=""
-}
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   e2e_stop_scenarios
-  stop_prometheus
+  e2e_prometheus_stop
   E2E_WORKDIR="$WORKDIR" "$E2E/injector.sh" stop || rc=1
   bash "$HERE/node.sh" down "$WORKDIR" || rc=1
   "$E2E/control-plane/down.sh" "$WORKDIR" >/dev/null || rc=1
@@ -177,69 +165,16 @@ export E2E_INJECTOR_ADMIN_PORT="$ADMIN_PORT"
 export E2E_INJECTOR_CERT="$PKI/injector.crt"
 export E2E_INJECTOR_KEY="$PKI/injector.key"
 export SIDECAR_INJECTOR_NAMESPACE="$RELEASE_NAMESPACE"
-# The embedded configuration with the stand-in images, as values.yaml gives the chart: a pod
-# this server injects must not make the node try to pull the real images.
-sed -e 's#^\(  *image:\) cr\.fluentbit\.io/.*#\1 local/log-shipper:1#' \
-  -e 's#^\(  *image:\) docker\.io/envoyproxy/.*#\1 local/proxy:1#' \
-  "$REPO/templates/config.yaml" >"$WORKDIR/injector-config.yaml"
-[[ $(grep -c 'image: local/' "$WORKDIR/injector-config.yaml") == 2 ]] ||
-  die "templates/config.yaml no longer names the two images this script replaces"
+# The embedded configuration with the stand-in images, as values.yaml gives the chart.
+e2e_standin_config "$WORKDIR/injector-config.yaml" || exit 1
 export SIDECAR_INJECTOR_CONFIG="$WORKDIR/injector-config.yaml"
 "$E2E/injector.sh" start
 
 # ---------------------------------------------------------------- Prometheus
-PROM="$WORKDIR/prometheus"
-mkdir -p "$PROM/data"
-# The chart's rules as this installation renders them; the down alert waits 5s, not 2m.
-HELM=helm python3 "$REPO/charts/prometheus-rules.py" --namespace "$RELEASE_NAMESPACE" \
+e2e_prometheus_start "$PROMETHEUS_BIN" "$WORKDIR/prometheus" "$WORKDIR/logs" "$APISERVER_URL" \
+  "$CA_CERT" "$ADMIN_CERT" "$ADMIN_KEY" "$RELEASE" "$RELEASE_NAMESPACE" \
   --values "$HERE/values.yaml" --set certificates.existingSecret.name="$RELEASE-tls" \
-  --set-file certificates.existingSecret.caBundle="$CA_CERT" \
-  --set prometheusRule.alerts.SidecarInjectorDown.for=5s \
-  >"$PROM/rules.yaml" 2> >(grep -v 'symbolic link in path' >&2) || die "cannot render the chart's rules"
-# Labelled as the chart's ServiceMonitor labels them: job <fullname>, namespace, pod.
-cat >"$PROM/prometheus.yml" <<EOF
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-  evaluation_interval: 1s
-rule_files: [rules.yaml]
-scrape_configs:
-  - job_name: $RELEASE
-    kubernetes_sd_configs:
-      - role: pod
-        api_server: $APISERVER_URL
-        namespaces: {names: [$RELEASE_NAMESPACE]}
-        tls_config: {ca_file: $CA_CERT, cert_file: $ADMIN_CERT, key_file: $ADMIN_KEY}
-    relabel_configs:
-      - source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_instance]
-        regex: $RELEASE
-        action: keep
-      - source_labels: [__meta_kubernetes_pod_container_port_name]
-        regex: admin
-        action: keep
-      - source_labels: [__meta_kubernetes_namespace]
-        target_label: namespace
-      - source_labels: [__meta_kubernetes_pod_name]
-        target_label: pod
-EOF
-"$PROMETHEUS_BIN/promtool" check config "$PROM/prometheus.yml" >"$WORKDIR/logs/promtool.log" 2>&1 ||
-  die "promtool check config failed (see $WORKDIR/logs/promtool.log)"
-PROMETHEUS_PORT=$(cp_free_port "$PORT" "$ADMIN_PORT") || die "no free loopback port"
-log "prometheus on 127.0.0.1:$PROMETHEUS_PORT"
-"$PROMETHEUS_BIN/prometheus" --config.file="$PROM/prometheus.yml" \
-  --storage.tsdb.path="$PROM/data" --storage.tsdb.retention.time=1d \
-  --web.listen-address="127.0.0.1:$PROMETHEUS_PORT" --log.level=warn \
-  >"$WORKDIR/logs/prometheus.log" 2>&1 </dev/null &
-PROMETHEUS_PID=$!
-prometheus_ready() {
-  curl --silent --fail --noproxy '*' --max-time 2 "http://127.0.0.1:$PROMETHEUS_PORT/-/ready" >/dev/null
-}
-for ((i = 0; i < 120; i++)); do
-  prometheus_ready && break
-  kill -0 "$PROMETHEUS_PID" 2>/dev/null || die "prometheus exited (see $WORKDIR/logs/prometheus.log)"
-  sleep 0.5
-done
-prometheus_ready || die "prometheus not ready in 60s (see $WORKDIR/logs/prometheus.log)"
+  --set-file certificates.existingSecret.caBundle="$CA_CERT" || exit 1
 
 # ---------------------------------------------------------------- scenarios
 export E2E_MODE=node
@@ -252,8 +187,6 @@ export E2E_NODE_NAME="$NODE_NAME"
 export E2E_CA_KEY="$CA_KEY"
 export E2E_SERVICE_DNS="$SERVICE_DNS"
 export E2E_APP_IMAGE=local/pause:1
-export E2E_PROMETHEUS_URL="http://127.0.0.1:$PROMETHEUS_PORT"
-export E2E_PROMETHEUS_RULES="$PROM/rules.yaml"
 export KUBECONFIG AUDIT_LOG CA_CERT ADMISSION_PLUGINS
 log "running $TOTAL scenarios"
 e2e_run_scenarios_none_skipped "$CARGO" "$TOTAL" "$WORKDIR/logs/scenarios.log" || exit 1

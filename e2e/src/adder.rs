@@ -1,4 +1,5 @@
-//! A second mutating webhook, served from the test binary over TLS on 127.0.0.1, that adds an
+//! A second mutating webhook, served from the test binary over TLS (on the suite's host
+//! address, 127.0.0.1 but in kind), that adds an
 //! application container to opted-in pods. With it the apiserver has to reinvoke the injector
 //! (`reinvocationPolicy: IfNeeded`), and the audit log shows in which order it did what.
 
@@ -28,7 +29,7 @@ pub const ADDED_PORT: u16 = 7070;
 
 /// A running adder webhook; stops serving when dropped.
 pub struct Adder {
-    /// `https://127.0.0.1:PORT/add`.
+    /// `https://HOST:PORT/add`.
     pub url: String,
     /// PEM of the CA that signed the server's certificate (for `caBundle`).
     pub ca_pem: String,
@@ -44,8 +45,9 @@ impl Drop for Adder {
 }
 
 impl Adder {
-    /// Starts serving on an ephemeral 127.0.0.1 port with a fresh CA and certificate.
-    pub async fn start(container: &str) -> anyhow::Result<Self> {
+    /// Starts serving on an ephemeral port of `host` (an IP address the apiserver can reach)
+    /// with a fresh CA and a certificate for that address.
+    pub async fn start(host: &str, container: &str) -> anyhow::Result<Self> {
         let ca_key = KeyPair::generate()?;
         let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
         ca_params
@@ -56,7 +58,7 @@ impl Adder {
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca_params, ca_key);
         let leaf_key = KeyPair::generate()?;
-        let mut leaf_params = CertificateParams::new(vec!["127.0.0.1".to_owned()])?;
+        let mut leaf_params = CertificateParams::new(vec![host.to_owned()])?;
         leaf_params
             .distinguished_name
             .push(DnType::CommonName, "sidecar-injector e2e adder");
@@ -73,7 +75,7 @@ impl Adder {
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = TlsAcceptor::from(Arc::new(config));
 
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let listener = TcpListener::bind((host, 0)).await?;
         let addr: SocketAddr = listener.local_addr()?;
         let name: Arc<str> = Arc::from(container);
         let task = tokio::spawn(serve(listener, acceptor, name));

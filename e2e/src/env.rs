@@ -23,7 +23,8 @@ pub enum Need {
     AuditLog,
     /// Stopping and starting the server process (`E2E_INJECTOR_CTL`).
     ProcessControl,
-    /// A webhook served from the test binary on 127.0.0.1 that the apiserver can call.
+    /// A webhook served from the test binary that the apiserver can call: on 127.0.0.1, or in
+    /// kind on the address the node containers reach this machine at (`E2E_HOST_ADDRESS`).
     LoopbackWebhooks,
     /// The server's URL on 127.0.0.1 and its CA, to install the chart in url mode.
     ServerUrl,
@@ -56,8 +57,16 @@ pub struct Env {
     pub audit_log: Option<PathBuf>,
     /// `E2E_INJECTOR_CTL`: a program taking `stop` or `start` for the server process.
     pub injector_ctl: Option<PathBuf>,
-    /// `E2E_WEBHOOK_URL`: `https://127.0.0.1:PORT` of the server (local mode).
+    /// `E2E_HOST_ADDRESS`: the address the suite's own webhook servers listen on, which the
+    /// apiserver can call: 127.0.0.1 (local and node mode), the kind network's gateway (kind
+    /// in a network namespace of the run's own, e2e/kind/run-here.sh).
+    pub host: String,
+    /// `E2E_WEBHOOK_URL`: `https://HOST:PORT` of a server process outside the cluster.
     pub webhook_url: Option<String>,
+    /// `E2E_INJECTOR_CERT`, `E2E_INJECTOR_KEY`: a serving certificate for `host`, signed by
+    /// `CA_CERT`, for the servers the suite starts.
+    pub injector_cert: Option<PathBuf>,
+    pub injector_key: Option<PathBuf>,
     /// `CA_CERT`: the CA that signed the server's certificate (local mode).
     pub ca_cert: Option<PathBuf>,
     /// `E2E_CHART`: the chart directory.
@@ -111,7 +120,10 @@ impl Env {
             pod_network: mode == Mode::Node || var("E2E_POD_NETWORK").as_deref() == Some("1"),
             audit_log: var("AUDIT_LOG").map(PathBuf::from),
             injector_ctl: var("E2E_INJECTOR_CTL").map(PathBuf::from),
+            host: var("E2E_HOST_ADDRESS").unwrap_or_else(|| "127.0.0.1".into()),
             webhook_url: var("E2E_WEBHOOK_URL"),
+            injector_cert: var("E2E_INJECTOR_CERT").map(PathBuf::from),
+            injector_key: var("E2E_INJECTOR_KEY").map(PathBuf::from),
             ca_cert: var("CA_CERT").map(PathBuf::from),
             chart: var("E2E_CHART")
                 .map(PathBuf::from)
@@ -148,12 +160,12 @@ impl Env {
                     "no E2E_INJECTOR_CTL: nothing to stop and start the server with",
                 ),
                 Need::LoopbackWebhooks => (
-                    self.mode != Mode::Kind,
-                    "kind's apiserver runs in a container and cannot call a webhook on the test machine's 127.0.0.1",
+                    self.mode != Mode::Kind || var("E2E_HOST_ADDRESS").is_some(),
+                    "kind's apiserver runs in a container: it cannot call a webhook on this machine's 127.0.0.1, and no E2E_HOST_ADDRESS names an address it can (e2e/kind/run-here.sh does)",
                 ),
                 Need::ServerUrl => (
                     self.webhook_url.is_some() && self.ca_cert.is_some(),
-                    "installing the chart in url mode needs a server on 127.0.0.1 that the apiserver can reach",
+                    "installing the chart in url mode needs a server outside the cluster that the apiserver can reach (E2E_WEBHOOK_URL, CA_CERT; e2e/kind/run-here.sh sets them)",
                 ),
                 Need::Node => (
                     self.mode != Mode::Local,
@@ -165,7 +177,7 @@ impl Env {
                 ),
                 Need::CaKey => (
                     self.ca_key.is_some() && self.ca_cert.is_some() && self.service_dns.is_some(),
-                    "rotating the in-cluster certificate needs the CA that signed it (E2E_CA_KEY, CA_CERT, E2E_SERVICE_DNS)",
+                    "rotating the in-cluster certificate needs the key of the CA that signed it (E2E_CA_KEY, CA_CERT, E2E_SERVICE_DNS): the kind run installs the chart with certificates.mode=selfSigned, as a user would, and helm keeps no key of the CA it makes",
                 ),
                 Need::TemplateChange => (
                     match self.mode {

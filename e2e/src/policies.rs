@@ -218,9 +218,10 @@ impl Installed {
     }
 }
 
-/// A `sidecar-injector serve` process with its own configuration on 127.0.0.1 (its
-/// development certificate), registered as a mutating webhook for one road's namespaces with
-/// the chart's selectors. Stopped and unregistered by [`Server::stop`] (or when dropped).
+/// A `sidecar-injector serve` process with its own configuration on the suite's host address
+/// (with the run's serving certificate for it, else the server's development certificate for
+/// 127.0.0.1), registered as a mutating webhook for one road's namespaces with the chart's
+/// selectors. Stopped and unregistered by [`Server::stop`] (or when dropped).
 pub struct Server {
     child: tokio::process::Child,
     client: Client,
@@ -237,8 +238,8 @@ impl Drop for TempDir {
     }
 }
 
-async fn free_port() -> anyhow::Result<u16> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+async fn free_port(host: &str) -> anyhow::Result<u16> {
+    let listener = tokio::net::TcpListener::bind((host, 0)).await?;
     Ok(listener.local_addr()?.port())
 }
 
@@ -253,10 +254,33 @@ impl Server {
         let dir = std::env::temp_dir().join(format!("e2e-policy-{road}-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let dir = TempDir(dir);
-        let (port, admin) = (free_port().await?, free_port().await?);
+        let host = env.host.as_str();
+        let (port, admin) = (free_port(host).await?, free_port("127.0.0.1").await?);
+        // The run's certificate for the host address and its CA, or the development
+        // certificate (127.0.0.1) and the CA file the server writes into TMPDIR.
+        let (tls, ca): (Vec<&std::ffi::OsStr>, PathBuf) = match (
+            &env.injector_cert,
+            &env.injector_key,
+            &env.ca_cert,
+        ) {
+            (Some(cert), Some(key), Some(ca)) => (
+                vec![
+                    "--tls-cert-file".as_ref(),
+                    cert.as_os_str(),
+                    "--tls-key-file".as_ref(),
+                    key.as_os_str(),
+                ],
+                ca.clone(),
+            ),
+            _ if host == "127.0.0.1" => (vec![], dir.0.join("sidecar-injector-dev-ca.pem")),
+            _ => anyhow::bail!(
+                "E2E_HOST_ADDRESS is {host}: a server there needs E2E_INJECTOR_CERT, E2E_INJECTOR_KEY and CA_CERT"
+            ),
+        };
         let child = tokio::process::Command::new(&bin)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["serve", "--listen", &format!("{host}:{port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
+            .args(&tls)
             .arg("--config")
             .arg(config)
             .env("TMPDIR", &dir.0)
@@ -267,7 +291,6 @@ impl Server {
             .kill_on_drop(true)
             .spawn()
             .context("cannot start a second sidecar-injector serve")?;
-        let ca = dir.0.join("sidecar-injector-dev-ca.pem");
         let ready = eventually("the second server's /readyz", WAIT, || async {
             let ok = tokio::net::TcpStream::connect(("127.0.0.1", admin))
                 .await
@@ -294,7 +317,7 @@ impl Server {
             json!({
                 "name": format!("{entry}inject.{road}.e2e.sidecar-injector.io"),
                 "admissionReviewVersions": ["v1"],
-                "clientConfig": {"url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca},
+                "clientConfig": {"url": format!("https://{host}:{port}{path}"), "caBundle": ca},
                 "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}],
                 "objectSelector": object,
                 "namespaceSelector": {"matchExpressions": [

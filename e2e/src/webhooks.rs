@@ -119,9 +119,9 @@ pub async fn wait_for_refusal(client: &Client, ns: &str, needle: &str) -> anyhow
     .await
 }
 
-/// A 127.0.0.1 port nothing listens on (bound and released; nothing else here binds it again).
-pub async fn closed_port() -> anyhow::Result<u16> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// A port of `host` nothing listens on (bound and released; nothing else here binds it again).
+pub async fn closed_port(host: &str) -> anyhow::Result<u16> {
+    let listener = tokio::net::TcpListener::bind((host, 0)).await?;
     Ok(listener.local_addr()?.port())
 }
 

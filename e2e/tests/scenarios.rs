@@ -531,7 +531,7 @@ async fn s06_reinvocation_converges() -> anyhow::Result<()> {
         &[Need::AuditLog, Need::LoopbackWebhooks],
         |cx| async move {
             let ours = cx.env.webhook_config.clone();
-            let adder = Adder::start("added-by-other").await?;
+            let adder = Adder::start(&cx.env.host, "added-by-other").await?;
 
             // Configurations are called in name order: "a-..." runs before "sidecar-injector".
             // Round 0: it adds its container, we inject into both application containers. Our
@@ -616,7 +616,7 @@ async fn s07_dry_run_is_injected_and_stores_nothing() -> anyhow::Result<()> {
 #[tokio::test]
 async fn s08_validator_refuses_what_the_mutator_missed() -> anyhow::Result<()> {
     scenario("s08-mutator-down", &[], |cx| async move {
-        let port = closed_port().await?;
+        let port = closed_port("127.0.0.1").await?;
         let client = cx.client.clone();
         let config = cx.env.webhook_config.clone();
         let ns = cx.ns.clone();
@@ -843,7 +843,7 @@ async fn helm(cx: &sidecar_injector_e2e::cluster::Ctx, args: &[&str]) -> anyhow:
 }
 
 /// `helm install` of the chart in url mode and without its Deployment: its webhooks call `url`
-/// (a server on 127.0.0.1) and trust `ca`; each of `sets` is one more `--set`.
+/// (a server outside the cluster) and trust `ca`; each of `sets` is one more `--set`.
 async fn helm_install_url_mode(
     cx: &sidecar_injector_e2e::cluster::Ctx,
     release: &str,
@@ -1115,8 +1115,8 @@ async fn s14_namespace_opt_in_with_a_pod_opting_out() -> anyhow::Result<()> {
     .await
 }
 
-/// A second server (`revision: canary`) on 127.0.0.1 and its chart release; both stop when
-/// this is dropped (the release is uninstalled by the scenario).
+/// A second server (`revision: canary`) on the suite's host address and its chart release;
+/// both stop when this is dropped (the release is uninstalled by the scenario).
 struct Canary {
     process: tokio::process::Child,
     dir: std::path::PathBuf,
@@ -1138,7 +1138,7 @@ fn required(var: &str) -> anyhow::Result<String> {
 
 impl Canary {
     /// Starts `sidecar-injector serve` with the default configuration as revision `canary`.
-    async fn start(release_ns: &str) -> anyhow::Result<(Self, u16)> {
+    async fn start(host: &str, release_ns: &str) -> anyhow::Result<(Self, u16)> {
         let bin = required("E2E_INJECTOR_BIN")?;
         let cert = required("E2E_INJECTOR_CERT")?;
         let key = required("E2E_INJECTOR_KEY")?;
@@ -1157,11 +1157,11 @@ impl Canary {
         );
         let config = dir.join("config.yaml");
         std::fs::write(&config, base.replace("revision: \"\"", "revision: canary"))?;
-        let port = closed_port().await?;
-        let admin = closed_port().await?;
+        let port = closed_port(host).await?;
+        let admin = closed_port("127.0.0.1").await?;
         let log = std::fs::File::create(dir.join("server.log"))?;
         let process = tokio::process::Command::new(bin)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["serve", "--listen", &format!("{host}:{port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
             .args(["--tls-cert-file", &cert, "--tls-key-file", &key])
             .arg("--config")
@@ -1208,13 +1208,13 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
                 .await?;
             let release = "e2e-canary";
             let fullname = "e2e-canary-sidecar-injector-canary";
-            let (server, port) = Canary::start(&release_ns).await?;
+            let (server, port) = Canary::start(&cx.env.host, &release_ns).await?;
             let outcome = async {
                 helm_install_url_mode(
                     &cx,
                     release,
                     &release_ns,
-                    &format!("https://127.0.0.1:{port}"),
+                    &format!("https://{}:{port}", cx.env.host),
                     &ca,
                     &["revision=canary"],
                 )
@@ -1434,7 +1434,7 @@ async fn s18_a_bad_override_is_refused() -> anyhow::Result<()> {
 #[tokio::test]
 async fn s19_what_is_added_after_us_does_not_change_the_rendering() -> anyhow::Result<()> {
     scenario("s19-stable-rendering", &[Need::LoopbackWebhooks], |cx| async move {
-        let adder = Adder::start("added-by-other").await?;
+        let adder = Adder::start(&cx.env.host, "added-by-other").await?;
         let configuration = format!("z-e2e-adder-{}", cx.ns);
         mutating(&cx.client)
             .create(&PostParams::default(), &adder.configuration(&configuration, &cx.ns)?)
