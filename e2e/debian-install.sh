@@ -13,18 +13,28 @@ name=$1
 shift
 log="${SIDECAR_INJECTOR_CACHE:-$HOME/.cache/sidecar-injector}/$name-install.log"
 mkdir -p "$(dirname "$log")"
-missing=()
-for p in "$@"; do
-  if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]]; then
-    missing+=("$p")
-  fi
-done
+find_missing() { # packages...: sets missing to those not installed
+  missing=()
+  local p
+  for p in "$@"; do
+    if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" != "install ok installed" ]]; then
+      missing+=("$p")
+    fi
+  done
+}
+find_missing "$@"
 if ((${#missing[@]} == 0)); then exit 0; fi
 if ((EUID != 0)); then
   echo "e2e ($name): missing Debian packages: ${missing[*]}; install them as root" \
     "(apt-get install ${missing[*]}) or run as root" >&2
   exit 1
 fi
+# One apt at a time (`make test` runs the image and kind steps' installs in the background,
+# tools/prefetch.sh): wait for the other, then ask again what is missing.
+exec 9>"$(dirname "$log")/apt.lock"
+flock 9
+find_missing "$@"
+if ((${#missing[@]} == 0)); then exit 0; fi
 echo "e2e ($name): apt-get install ${missing[*]}" >&2
 (
   apt-get update -q || exit 1
