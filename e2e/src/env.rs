@@ -26,7 +26,8 @@ pub enum Need {
     /// A webhook served from the test binary that the apiserver can call: on 127.0.0.1, or in
     /// kind on the address the node containers reach this machine at (`E2E_HOST_ADDRESS`).
     LoopbackWebhooks,
-    /// The server's URL on 127.0.0.1 and its CA, to install the chart in url mode.
+    /// A server outside the cluster that the apiserver can call (`E2E_WEBHOOK_URL`) and its CA
+    /// (`CA_CERT`), to install the chart in url mode.
     ServerUrl,
     /// A node that runs pods (kubelet, container runtime), and the chart's in-cluster Deployment.
     Node,
@@ -67,7 +68,8 @@ pub struct Env {
     /// `CA_CERT`, for the servers the suite starts.
     pub injector_cert: Option<PathBuf>,
     pub injector_key: Option<PathBuf>,
-    /// `CA_CERT`: the CA that signed the server's certificate (local mode).
+    /// `CA_CERT`: the CA that signed the certificates of the servers outside the cluster (and,
+    /// on a node, the in-cluster one).
     pub ca_cert: Option<PathBuf>,
     /// `E2E_CHART`: the chart directory.
     pub chart: PathBuf,
@@ -98,6 +100,9 @@ pub struct Env {
     pub prometheus_rules: Option<PathBuf>,
 }
 
+/// The host address of the suite's own servers unless `E2E_HOST_ADDRESS` names another.
+const LOOPBACK: &str = "127.0.0.1";
+
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
@@ -120,7 +125,7 @@ impl Env {
             pod_network: mode == Mode::Node || var("E2E_POD_NETWORK").as_deref() == Some("1"),
             audit_log: var("AUDIT_LOG").map(PathBuf::from),
             injector_ctl: var("E2E_INJECTOR_CTL").map(PathBuf::from),
-            host: var("E2E_HOST_ADDRESS").unwrap_or_else(|| "127.0.0.1".into()),
+            host: var("E2E_HOST_ADDRESS").unwrap_or_else(|| LOOPBACK.into()),
             webhook_url: var("E2E_WEBHOOK_URL"),
             injector_cert: var("E2E_INJECTOR_CERT").map(PathBuf::from),
             injector_key: var("E2E_INJECTOR_KEY").map(PathBuf::from),
@@ -160,7 +165,7 @@ impl Env {
                     "no E2E_INJECTOR_CTL: nothing to stop and start the server with",
                 ),
                 Need::LoopbackWebhooks => (
-                    self.mode != Mode::Kind || var("E2E_HOST_ADDRESS").is_some(),
+                    self.mode != Mode::Kind || self.host != LOOPBACK,
                     "kind's apiserver runs in a container: it cannot call a webhook on this machine's 127.0.0.1, and no E2E_HOST_ADDRESS names an address it can (e2e/kind/run-here.sh does)",
                 ),
                 Need::ServerUrl => (

@@ -13,7 +13,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sidecar_injector_e2e::adder::{ADDED_PORT, Adder};
 use sidecar_injector_e2e::cluster::{WAIT, accepts, dry_run, rejects, scenario};
-use sidecar_injector_e2e::env::{Mode, Need};
+use sidecar_injector_e2e::env::{Env, Mode, Need};
 use sidecar_injector_e2e::outdated::{
     EXIT_OUTDATED, ProxyImage, RESTARTED_AT, injection_hashes, injector_metrics, outdated,
 };
@@ -1134,19 +1134,14 @@ impl Drop for Canary {
     }
 }
 
-fn required(var: &str) -> anyhow::Result<String> {
-    std::env::var(var)
-        .ok()
-        .filter(|v| !v.is_empty())
-        .with_context(|| format!("{var} is not set (e2e/run.sh sets it)"))
-}
-
 impl Canary {
-    /// Starts `sidecar-injector serve` with the default configuration as revision `canary`.
-    async fn start(host: &str, release_ns: &str) -> anyhow::Result<(Self, u16)> {
-        let bin = required("E2E_INJECTOR_BIN")?;
-        let cert = required("E2E_INJECTOR_CERT")?;
-        let key = required("E2E_INJECTOR_KEY")?;
+    /// Starts `sidecar-injector serve` with the default configuration as revision `canary`, on
+    /// the suite's host address with the run's certificate for it.
+    async fn start(env: &Env, release_ns: &str) -> anyhow::Result<(Self, u16)> {
+        let bin = env.injector_bin.as_ref().context("no E2E_INJECTOR_BIN")?;
+        let cert = env.injector_cert.as_ref().context("no E2E_INJECTOR_CERT")?;
+        let key = env.injector_key.as_ref().context("no E2E_INJECTOR_KEY")?;
+        let host = env.host.as_str();
         let dir = std::env::temp_dir().join(format!("sidecar-injector-e2e-{release_ns}"));
         std::fs::create_dir_all(&dir)?;
         // The main server's configuration when the runner gives one (on a node: the stand-in
@@ -1168,7 +1163,10 @@ impl Canary {
         let process = tokio::process::Command::new(bin)
             .args(["serve", "--listen", &format!("{host}:{port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .args(["--tls-cert-file", &cert, "--tls-key-file", &key])
+            .arg("--tls-cert-file")
+            .arg(cert)
+            .arg("--tls-key-file")
+            .arg(key)
             .arg("--config")
             .arg(&config)
             .env("SIDECAR_INJECTOR_NAMESPACE", release_ns)
@@ -1213,7 +1211,7 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
                 .await?;
             let release = "e2e-canary";
             let fullname = "e2e-canary-sidecar-injector-canary";
-            let (server, port) = Canary::start(&cx.env.host, &release_ns).await?;
+            let (server, port) = Canary::start(&cx.env, &release_ns).await?;
             let outcome = async {
                 helm_install_url_mode(
                     &cx,
