@@ -56,9 +56,20 @@ if [[ "${1:-}" == --inside ]]; then
   for f in sidecar-injector templates/config.yaml; do
     grep -qx "$f" "$out.files" || die "the image has no /$f"
   done
+  # The profile-guided build shows in the log of the build that ran it. A build BuildKit
+  # answers wholly from its cache (the same context again) logs no step, but yields the same
+  # image id: ids whose build log showed PGO are kept, so such an image is known for what it is.
   if [[ "${DOCKER_BUILD_ARGS:-}" != *PGO=0* ]]; then
-    grep -q '\[pgo [0-9:]*\] optimized build' "$out.build.log" ||
-      die "the build log shows no profile-guided build (tools/pgo-build.sh)"
+    id=$(docker image inspect --format '{{.Id}}' "$IMAGE")
+    verified=$CACHE/docker/pgo-image-ids
+    if grep -q '\[pgo [0-9:]*\] optimized build' "$out.build.log"; then
+      { tail -n 19 "$verified" 2>/dev/null || true; echo "$id"; } >"$verified.tmp"
+      mv "$verified.tmp" "$verified"
+    elif grep -qx "$id" "$verified" 2>/dev/null; then
+      log "the build was wholly cached: image $id was a profile-guided build when it was made"
+    else
+      die "the build log shows no profile-guided build (tools/pgo-build.sh), and image $id was not seen built with one"
+    fi
   fi
   docker save -o "$out.tmp" "$IMAGE"
   mv "$out.tmp" "$out"
