@@ -63,9 +63,9 @@ if [[ "${1:-}" == --inside ]]; then
     id=$(docker image inspect --format '{{.Id}}' "$IMAGE")
     verified=$CACHE/docker/pgo-image-ids
     if grep -q '\[pgo [0-9:]*\] optimized build' "$out.build.log"; then
-      { tail -n 19 "$verified" 2>/dev/null || true; echo "$id"; } >"$verified.tmp"
+      { grep -vxF "$id" "$verified" 2>/dev/null | tail -n 19 || true; echo "$id"; } >"$verified.tmp"
       mv "$verified.tmp" "$verified"
-    elif grep -qx "$id" "$verified" 2>/dev/null; then
+    elif grep -qxF "$id" "$verified" 2>/dev/null; then
       log "the build was wholly cached: image $id was a profile-guided build when it was made"
     else
       die "the build log shows no profile-guided build (tools/pgo-build.sh), and image $id was not seen built with one"
