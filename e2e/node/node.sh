@@ -273,9 +273,26 @@ stop_pidfile() { # workdir name
   rm -f "$pidfile"
 }
 
+# Kills what is still in the node's cgroups and waits (5 s at most) until they are empty: all of
+# it is the run's. A container that was being created when teardown killed its shim leaves its
+# `runc init` waiting for a start that never comes, holding its cgroup (seen once in a CI run).
+kill_cgroup_procs() { # workdir
+  local root pids i
+  root=$(cgroup_root "$1")
+  for ((i = 0; i < 50; i++)); do
+    pids=$(find /sys/fs/cgroup/*"$root" "/sys/fs/cgroup$root" -name cgroup.procs \
+      -exec cat {} + 2>/dev/null | sort -u) || true # (a hierarchy may be missing)
+    [[ -n "$pids" ]] || return 0
+    # shellcheck disable=SC2086 # one pid a word
+    kill -KILL $pids 2>/dev/null || true
+    sleep 0.1
+  done
+}
+
 remove_cgroups() { # workdir
   local d root
   root=$(cgroup_root "$1")
+  kill_cgroup_procs "$1"
   for d in /sys/fs/cgroup/*"$root" "/sys/fs/cgroup$root"; do
     [[ -d "$d" ]] || continue
     # Deepest first: a cgroup directory goes only when empty of children.
