@@ -30,6 +30,32 @@ impl ConfigArg {
     }
 }
 
+/// How the chart's webhook entries select pods, for the admission policies written alongside
+/// them (`export`, `serve --backstop`): the chart's `webhook.*` values.
+#[derive(Clone, Debug, Args)]
+pub struct SelectionArgs {
+    /// Also select the pods of namespaces labelled `<injectLabel>: enabled` (a second binding),
+    /// as the chart's `webhook.namespaceOptIn.enabled` does.
+    #[arg(long, env = "SIDECAR_INJECTOR_NAMESPACE_OPT_IN", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub namespace_opt_in: bool,
+    /// Leave namespaces labelled `<this>: "true"` alone, as the chart's `webhook.disabledLabel`.
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_DISABLED_LABEL",
+        default_value = "sidecar-injector.io/disabled"
+    )]
+    pub disabled_label: String,
+}
+
+impl SelectionArgs {
+    pub fn selection(&self) -> crate::engine::policy::Selection {
+        crate::engine::policy::Selection {
+            namespace_opt_in: self.namespace_opt_in,
+            disabled_label: self.disabled_label.clone(),
+        }
+    }
+}
+
 /// The texts a configuration is built from, read from disk.
 #[derive(Debug)]
 pub struct Sources {

@@ -787,12 +787,31 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
     );
     assert_eq!(docs[1]["spec"]["validationActions"][0], "Deny");
     insta::assert_snapshot!("export_backstop_bundled", stdout(&out));
-    // Images are held only when asked: such a backstop must change with the configuration.
+    // Images are held by default (only for pods injected under this configuration), and
+    // left out when asked.
     let image = "cr.fluentbit.io/fluent/fluent-bit:3.2.4";
-    assert!(!stdout(&out).contains(image));
-    let strict = run(&["export", "backstop", "--check-images"]);
-    assert!(strict.status.success(), "{}", stderr(&strict));
-    assert!(stdout(&strict).contains(&format!("must run image {image}")));
+    assert!(stdout(&out).contains(&format!("must run image {image}")));
+    let loose = run(&["export", "backstop", "--check-images=false"]);
+    assert!(loose.status.success(), "{}", stderr(&loose));
+    assert!(!stdout(&loose).contains(image));
+    // Every object names the configuration it was exported from, and the policy holds a pod
+    // to its contract only under that same configuration.
+    let digest = docs[0]["metadata"]["annotations"]["sidecar-injector.io/config"]
+        .as_str()
+        .expect("the export names its configuration")
+        .to_owned();
+    assert_eq!(digest.len(), 16, "{digest}");
+    for d in &docs {
+        assert_eq!(d["metadata"]["annotations"]["sidecar-injector.io/config"], digest.as_str());
+    }
+    let current = &docs[0]["spec"]["variables"][0];
+    assert_eq!(current["name"], "current");
+    assert!(
+        current["expression"]
+            .as_str()
+            .is_some_and(|e| e.contains(&format!(r#"\"config\":\"{digest}\""#))),
+        "the policy compares the pod's status with {digest}: {current}"
+    );
 }
 
 #[test]

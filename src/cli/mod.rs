@@ -17,7 +17,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::engine::inject::Entry;
 use crate::engine::review::Webhook;
 use crate::engine::{explain, manifest, policy, review};
-use crate::load::ConfigArg;
+use crate::load::{ConfigArg, SelectionArgs};
 use stdio::{read_input, read_text, write_stdout};
 
 #[derive(Debug, Parser)]
@@ -75,6 +75,13 @@ pub enum Command {
     /// SIDECAR_INJECTOR_NAMESPACE, is never matched). YAML on standard output, for
     /// `kubectl apply -f -`.
     ///
+    /// Every object is annotated with the digest of the configuration it was exported from
+    /// (`sidecar-injector.io/config`, also in each injected pod's status): the backstop holds a
+    /// pod to its contract only when the pod was injected under that configuration or not at
+    /// all, so a backstop that is behind or ahead of the injector never refuses what the
+    /// injector injects. `serve --backstop` (the chart's default) applies and keeps the
+    /// backstop in step by itself; export it by hand only where no server runs in the cluster.
+    ///
     /// A template that cannot be written as CEL (a loop or condition on the pod, per-pod
     /// overrides, reading the pod's spec) is refused with its line and the reason; nothing is
     /// written and the exit status is 1.
@@ -128,21 +135,12 @@ pub struct ExportArgs {
     /// the default revision). Without it, the configuration's.
     #[arg(long, env = "SIDECAR_INJECTOR_REVISION")]
     pub revision: Option<String>,
-    /// Also select the pods of namespaces labelled `<injectLabel>: enabled` (a second binding),
-    /// as the chart's `webhook.namespaceOptIn.enabled` does.
-    #[arg(long, env = "SIDECAR_INJECTOR_NAMESPACE_OPT_IN", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
-    pub namespace_opt_in: bool,
-    /// Leave namespaces labelled `<this>: "true"` alone, as the chart's `webhook.disabledLabel`.
-    #[arg(
-        long,
-        env = "SIDECAR_INJECTOR_DISABLED_LABEL",
-        default_value = "sidecar-injector.io/disabled"
-    )]
-    pub disabled_label: String,
-    /// Backstop: also refuse a sidecar whose image is not the one its template sets. Such a
-    /// backstop must be replaced in the same instant as the injector's configuration (a
-    /// ConfigMap reload, a rollout), or it refuses pods injected with the other one.
-    #[arg(long, env = "SIDECAR_INJECTOR_CHECK_IMAGES")]
+    #[command(flatten)]
+    pub selection: SelectionArgs,
+    /// Backstop: also refuse a sidecar whose image is not the one its template sets (only in a
+    /// pod injected under this same configuration, or not injected at all: see the status
+    /// annotation's `config`). `false`: names, lists and volumes only.
+    #[arg(long, env = "SIDECAR_INJECTOR_CHECK_IMAGES", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub check_images: bool,
     /// Read the configuration and templates from the chart's ConfigMap instead (a manifest,
     /// e.g. `helm template ... --show-only templates/configmap.yaml`), or - for standard input.
@@ -163,8 +161,7 @@ impl ExportArgs {
             kind,
             api_version,
             revision,
-            namespace_opt_in,
-            disabled_label,
+            selection,
             check_images,
             configmap,
             config,
@@ -174,10 +171,7 @@ impl ExportArgs {
             None => config.load()?,
         };
         policy::check_revision(&inj, revision.as_deref())?;
-        let selection = policy::Selection {
-            namespace_opt_in,
-            disabled_label,
-        };
+        let selection = selection.selection();
         let docs = match kind {
             ExportKind::Backstop => policy::backstop(&inj, &selection, check_images)?,
             ExportKind::Mutating => {

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::engine::template::{TemplateError, TemplateSet};
 
@@ -30,7 +30,7 @@ pub fn bundled_templates() -> Vec<(String, String)> {
 }
 
 /// The configuration file as written by a person.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConfigFile {
     #[serde(default = "defaults::inject_label")]
@@ -63,7 +63,7 @@ pub struct ConfigFile {
     pub values: BTreeMap<String, serde_json::Value>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SkipRules {
     /// Skip pods with `hostNetwork: true`: a sidecar sharing the node's network namespace
@@ -84,7 +84,7 @@ impl Default for SkipRules {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Validation {
     #[serde(default)]
@@ -92,7 +92,7 @@ pub struct Validation {
 }
 
 /// What the validating webhook does with its findings.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum ValidationMode {
     /// Deny the request.
@@ -149,6 +149,12 @@ pub struct Injector {
     pub templates: TemplateSet,
     /// The injector's own namespace: never injected, whatever the configuration says.
     pub own_namespace: Option<String>,
+    /// A short digest of what the configuration decides (its settings as read, every
+    /// template's source): the same for every replica serving the same files, and for the
+    /// same configuration written as a file or as the chart's ConfigMap. The
+    /// status annotation records it, and the backstop holds a pod to its own export's
+    /// contract only when the pod was injected under the same digest (or not at all).
+    pub digest: String,
 }
 
 impl Injector {
@@ -192,10 +198,13 @@ impl Injector {
                 ),
             });
         }
+        let own_namespace = own_namespace.filter(|ns| !ns.is_empty());
+        let digest = config_digest(&config, &templates);
         Ok(Self {
             config,
             templates,
-            own_namespace: own_namespace.filter(|ns| !ns.is_empty()),
+            own_namespace,
+            digest,
         })
     }
 
@@ -218,6 +227,43 @@ impl Injector {
                 .iter()
                 .any(|ns| ns == namespace)
     }
+}
+
+/// The digest of [`Injector::digest`]: 16 hex digits of a SHA-256 over what the configuration
+/// decides, read (every default filled in, map keys sorted, where the templates were read from
+/// left out) so that the same configuration written two ways (a file, the chart's ConfigMap)
+/// has one digest, and over every template's name and source, each with its length.
+fn config_digest(config: &ConfigFile, templates: &TemplateSet) -> String {
+    use sha2::{Digest as _, Sha256};
+    fn sorted(v: serde_json::Value) -> serde_json::Value {
+        match v {
+            serde_json::Value::Object(map) => {
+                let mut entries: Vec<_> = map.into_iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+            }
+            serde_json::Value::Array(items) => {
+                serde_json::Value::Array(items.into_iter().map(sorted).collect())
+            }
+            other => other,
+        }
+    }
+    let mut read = config.clone();
+    read.templates_dir = None;
+    let read = sorted(serde_json::to_value(&read).unwrap_or_default());
+    let mut h = Sha256::new();
+    let mut put = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    put(&serde_json::to_vec(&read).unwrap_or_default());
+    let mut names: Vec<&str> = templates.names().collect();
+    names.sort_unstable();
+    for name in names {
+        put(name.as_bytes());
+        put(templates.source(name).unwrap_or("").as_bytes());
+    }
+    h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The value of the inject label on a namespace that opts all its pods in.
@@ -249,6 +295,27 @@ pub fn parse_config(origin: &str, yaml: &str) -> Result<ConfigFile, ConfigError>
 mod tests {
     use super::*;
     use crate::engine::template::TEMPLATE_SUFFIX;
+
+    /// The digest follows what the configuration decides, not how it is written: key order,
+    /// defaults written out, the templates' directory and the own namespace do not change it; a
+    /// value or a template's source does.
+    #[test]
+    fn the_digest_follows_what_the_configuration_decides() {
+        let load = |yaml: &str, templates: Vec<(String, String)>, ns: &str| {
+            Injector::from_sources("test", yaml, templates, Some(ns.into()))
+                .expect("loads")
+                .digest
+        };
+        let base = load(DEFAULT_CONFIG, bundled_templates(), "a");
+        assert_eq!(base.len(), 16);
+        let reordered = "values:\n  proxy: {adminPort: 15000, port: 15001, image: docker.io/envoyproxy/envoy:v1.32.3}\n  logShipper: {logDir: /var/log/app, image: cr.fluentbit.io/fluent/fluent-bit:3.2.4}\ndefaultTemplates: [log-shipper, proxy]\ntemplatesDir: elsewhere\nskip: {windows: true}\n";
+        assert_eq!(load(reordered, bundled_templates(), "b"), base);
+        let other_value = reordered.replace("port: 15001", "port: 15002");
+        assert_ne!(load(&other_value, bundled_templates(), "a"), base);
+        let mut edited = bundled_templates();
+        edited[0].1.push_str("\n# a comment changes the template's source\n");
+        assert_ne!(load(DEFAULT_CONFIG, edited, "a"), base);
+    }
 
     #[test]
     fn embedded_default_loads() {

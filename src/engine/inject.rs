@@ -130,6 +130,11 @@ pub struct Plan {
 pub struct Status {
     pub templates: Vec<String>,
     pub hash: String,
+    /// The digest of the configuration that injected the pod ([`Injector::digest`]): the
+    /// backstop holds the pod to the contract of its own export only under the same one.
+    /// Absent in a status written before it existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub config: String,
     /// Sidecar names the pod already had when it was first injected: the injector left those
     /// containers alone, so the validator does not hold them to the template.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -1020,6 +1025,7 @@ fn status_json(
         serde_json::to_string(&Status {
             templates: templates.iter().map(|t| t.name.clone()).collect(),
             hash,
+            config: inj.digest.clone(),
             kept,
             revision: revision.to_owned(),
             context: Some(seen.to_seen()),
@@ -1943,6 +1949,7 @@ mod tests {
                 let expected = serde_json::to_string(&Status {
                     templates: vec![],
                     hash: "h".into(),
+                    config: inj.digest.clone(),
                     kept: kept.clone(),
                     revision: String::new(),
                     context: Some(seen.clone()),

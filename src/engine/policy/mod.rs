@@ -201,6 +201,20 @@ fn bindings(inj: &Injector, sel: &Selection) -> Vec<(&'static str, Value)> {
     out
 }
 
+/// The annotation every exported object carries: the digest of the configuration it was
+/// exported from ([`Injector::digest`]), so that whoever keeps it in step (`serve
+/// --backstop`) can tell whether it still is.
+pub const CONFIG_ANNOTATION: &str = "sidecar-injector.io/config";
+
+/// An exported object's metadata: its name, labels and the configuration's digest.
+fn metadata(inj: &Injector, name: String) -> Value {
+    json!({
+        "name": name,
+        "labels": labels(inj),
+        "annotations": {CONFIG_ANNOTATION: inj.digest},
+    })
+}
+
 fn labels(inj: &Injector) -> Value {
     let mut labels = json!({"app.kubernetes.io/managed-by": "sidecar-injector"});
     if !inj.config.revision.is_empty() {
@@ -331,16 +345,25 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
         "(has(object.metadata.annotations) && {status} in object.metadata.annotations && object.metadata.annotations[{status}].contains('\"kept\":[')) ? object.metadata.annotations[{status}].split('\"kept\":[')[1].split(']')[0].split(',').map(k, k.trim().replace('\"', '')) : [\"\"]"
     );
     let name_expr = "(has(object.metadata.name) && object.metadata.name != \"\" ? object.metadata.name : (has(object.metadata.generateName) ? object.metadata.generateName + \"*\" : \"\"))";
+    // Held to this export's contract: a pod the injector never reached (no status), or one it
+    // injected under this very configuration. A pod injected under another (a replica not yet
+    // reloaded, or already reloaded while this policy is replaced) needs only its status: a
+    // stale backstop never refuses what the running configuration injected.
+    let current = format!(
+        "!(has(object.metadata.annotations) && {status} in object.metadata.annotations) || object.metadata.annotations[{status}].contains({})",
+        cel::string(&format!("\"config\":\"{}\"", inj.digest))
+    );
     let variables = json!([
+        {"name": "current", "expression": current},
         {"name": "asked", "expression": cel::asked(inj, false)},
-        {"name": "unknown", "expression": format!("variables.asked.filter(n, !(n in {known}))")},
+        {"name": "unknown", "expression": format!("variables.current ? variables.asked.filter(n, !(n in {known})) : []")},
         {"name": "injected", "expression": cel::injected(inj, "variables.asked", &windows_ok)},
         {"name": "containers", "expression": "has(object.spec.containers) ? object.spec.containers.map(c, c.name) : []"},
         {"name": "initContainers", "expression": "has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : []"},
         {"name": "names", "expression": "variables.containers + variables.initContainers"},
         {"name": "kept", "expression": kept},
-        {"name": "missing", "expression": format!("({}).filter(m, m != \"\")", join_or_empty(&missing))},
-        {"name": "problems", "expression": format!("[{}].filter(p, p != \"\")", problems.join(",\n"))},
+        {"name": "missing", "expression": format!("variables.current ? ({}).filter(m, m != \"\") : []", join_or_empty(&missing))},
+        {"name": "problems", "expression": format!("variables.current ? [{}].filter(p, p != \"\") : []", problems.join(",\n"))},
     ]);
     let action = match cfg.validation.mode {
         ValidationMode::Enforce => "Deny",
@@ -349,7 +372,7 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
     let policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": format!("{base}-backstop"), "labels": labels(inj)},
+        "metadata": metadata(inj, format!("{base}-backstop")),
         "spec": {
             // In-process: an error is a bug of the expressions, and a pod let through unchecked
             // is what the backstop exists to prevent.
@@ -386,7 +409,7 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
         docs.push(json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": format!("{base}-backstop{suffix}"), "labels": labels(inj)},
+            "metadata": metadata(inj, format!("{base}-backstop{suffix}")),
             "spec": {
                 "policyName": format!("{base}-backstop"),
                 "validationActions": [action],
@@ -626,7 +649,7 @@ pub fn mutating(
     let mut docs = vec![json!({
         "apiVersion": api,
         "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": base, "labels": labels(inj)},
+        "metadata": metadata(inj, base.clone()),
         "spec": {
             // In-process: an error is a bug of the expressions; an opted-in pod is then refused
             // rather than stored without its sidecars.
@@ -646,7 +669,7 @@ pub fn mutating(
         docs.push(json!({
             "apiVersion": api,
             "kind": "MutatingAdmissionPolicyBinding",
-            "metadata": {"name": format!("{base}{suffix}"), "labels": labels(inj)},
+            "metadata": metadata(inj, format!("{base}{suffix}")),
             "spec": {"policyName": base, "matchResources": selectors},
         }));
     }
@@ -687,8 +710,9 @@ fn status_expr(inj: &Injector, hash: &str, owned: &crate::engine::template::Owne
     };
     let kept = "variables.sidecars.filter(n, n in variables.names)";
     format!(
-        "\"{{\\\"templates\\\":[\" + {templates} + \"],\\\"hash\\\":\\\"{hash}\\\"\" + ({kept}.size() == 0 ? \"\" : \",\\\"kept\\\":[\" + {kept_list} + \"]\") + {revision} + \",\\\"context\\\":{{\" + [{c}, {i}, {v}].filter(p, p != \"\").join(\",\") + \"}}}}\"",
+        "\"{{\\\"templates\\\":[\" + {templates} + \"],\\\"hash\\\":\\\"{hash}\\\",\\\"config\\\":\\\"{config}\\\"\" + ({kept}.size() == 0 ? \"\" : \",\\\"kept\\\":[\" + {kept_list} + \"]\") + {revision} + \",\\\"context\\\":{{\" + [{c}, {i}, {v}].filter(p, p != \"\").join(\",\") + \"}}}}\"",
         templates = quoted("variables.injected"),
+        config = inj.digest,
         kept_list = quoted(kept),
         revision = cel::string(&revision),
         c = part("containers", &seen_containers),
