@@ -59,6 +59,16 @@ struct RejectLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SyncLabel {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabel {
+    policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TemplateLabels {
     template: Arc<str>,
     template_hash: Arc<str>,
@@ -142,6 +152,8 @@ pub struct Metrics {
     injections: Family<TemplateLabels, Counter>,
     cert_expiry: Gauge,
     last_reload: Family<KindLabel, Gauge>,
+    backstop_syncs: Family<SyncLabel, Counter>,
+    backstop_in_step: Family<PolicyLabel, Gauge>,
     handles: Handles,
 }
 
@@ -228,6 +240,19 @@ impl Default for Metrics {
             "Whether the last change to the configuration or certificate files was loaded (1) or refused, the previous one still served (0)",
             last_reload.clone(),
         );
+        let backstop_syncs = Family::<SyncLabel, Counter>::default();
+        registry.register(
+            "backstop_syncs",
+            "Checks of the backstop policy against the configuration served, by result: applied (it was missing or another configuration's), unchanged, error",
+            backstop_syncs.clone(),
+        );
+        // Only when the server keeps a backstop (`serve --backstop`): no series otherwise.
+        let backstop_in_step = Family::<PolicyLabel, Gauge>::default();
+        registry.register(
+            "backstop_in_step",
+            "Whether the backstop policy in the cluster is the export of the configuration served (1) or could not be made so (0)",
+            backstop_in_step.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -245,6 +270,8 @@ impl Default for Metrics {
             injections,
             cert_expiry,
             last_reload,
+            backstop_syncs,
+            backstop_in_step,
             handles: Handles::default(),
         }
     }
@@ -396,6 +423,21 @@ impl Metrics {
 
     pub fn rejected(&self, code: u16) {
         self.rejected.get_or_create(&RejectLabel { code }).inc();
+    }
+
+    /// One check of the backstop `policy`: `applied`, `unchanged` or `error`.
+    pub fn backstop_sync(&self, policy: &str, result: &'static str) {
+        for r in ["applied", "unchanged", "error"] {
+            let _ = self.backstop_syncs.get_or_create(&SyncLabel { result: r });
+        }
+        self.backstop_syncs
+            .get_or_create(&SyncLabel { result })
+            .inc();
+        self.backstop_in_step
+            .get_or_create(&PolicyLabel {
+                policy: policy.to_owned(),
+            })
+            .set(i64::from(result != "error"));
     }
 
     pub fn certificate_expiry(&self, not_after: i64) {

@@ -5,6 +5,7 @@
 //! [`crate::engine::review`], and the configuration is read through [`crate::load`]. It may
 //! not import [`crate::cli`]: the `serve` command imports the server, not the other way round.
 
+pub mod backstop;
 pub mod cores;
 pub mod drain;
 pub mod metrics;
@@ -106,7 +107,35 @@ pub struct ServeArgs {
     #[arg(long, env = "SIDECAR_INJECTOR_SERVING_THREADS", default_value_t = 0)]
     pub serving_threads: usize,
     #[command(flatten)]
+    pub backstop: BackstopArgs,
+    #[command(flatten)]
     pub config: ConfigArg,
+}
+
+/// Flags of `serve --backstop`.
+#[derive(Debug, Args)]
+pub struct BackstopArgs {
+    /// Keep the backstop (the ValidatingAdmissionPolicy and bindings `export backstop` writes)
+    /// in step with the configuration served: applied (server-side apply) at start, after
+    /// every reload, and whenever a re-check (--reload-interval) finds it missing or exported
+    /// from another configuration. Needs rights on those objects (the chart grants them, by
+    /// name); a failure is retried, logged and shown by sidecar_injector_backstop_in_step == 0.
+    #[arg(long = "backstop", env = "SIDECAR_INJECTOR_BACKSTOP")]
+    pub enabled: bool,
+    /// The MutatingWebhookConfiguration that owns the backstop's objects, so that deleting it
+    /// (`helm uninstall`) deletes them too (the garbage collector).
+    #[arg(
+        long = "backstop-owner",
+        env = "SIDECAR_INJECTOR_BACKSTOP_OWNER",
+        value_name = "NAME"
+    )]
+    pub owner: Option<String>,
+    /// Also refuse a sidecar whose image is not the one its template sets (in a pod injected
+    /// under the configuration served, or not injected at all).
+    #[arg(long = "backstop-check-images", env = "SIDECAR_INJECTOR_BACKSTOP_CHECK_IMAGES", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub check_images: bool,
+    #[command(flatten)]
+    pub selection: crate::load::SelectionArgs,
 }
 
 /// Parses `250ms`, `5s`, `2m` or a bare number of seconds.
@@ -195,6 +224,7 @@ pub struct Server {
     shutdown_timeout: Duration,
     serving_threads: usize,
     reloader: tokio::task::JoinHandle<()>,
+    backstop: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -216,6 +246,7 @@ impl Server {
             memo_entries,
             reload_interval,
             serving_threads,
+            backstop,
             config,
         } = args;
         let (sources, injector) = match &config.path {
@@ -277,6 +308,17 @@ impl Server {
             config: sources,
             interval: reload_interval,
         }));
+        let backstop = backstop.enabled.then(|| {
+            tokio::spawn(backstop::run(
+                state.clone(),
+                backstop::Backstop {
+                    selection: backstop.selection.selection(),
+                    owner: backstop.owner,
+                    check_images: backstop.check_images,
+                    interval: reload_interval,
+                },
+            ))
+        });
         let serving_threads = cores::count(serving_threads);
         tracing::info!(%listen, %admin_listen, serving_threads, config = %config.path.as_ref().map_or("<embedded>".into(), |p| p.display().to_string()), "serving");
         Ok(Self {
@@ -291,6 +333,7 @@ impl Server {
             shutdown_timeout,
             serving_threads,
             reloader,
+            backstop,
         })
     }
 
@@ -308,6 +351,7 @@ impl Server {
             shutdown_timeout,
             serving_threads,
             reloader,
+            backstop,
             ..
         } = self;
         let cores =
@@ -349,6 +393,9 @@ impl Server {
             }
         }
         reloader.abort();
+        if let Some(backstop) = backstop {
+            backstop.abort();
+        }
         admin.abort();
         Ok(())
     }

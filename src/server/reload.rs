@@ -192,6 +192,7 @@ impl Reloader {
             Ok(injector) => {
                 self.state.injector.store(Arc::new(injector));
                 self.state.memo.clear();
+                self.state.config_changed.notify_one();
                 *tracked = Tracked::new(fingerprint);
                 self.state.metrics.reload(ReloadKind::Config, true);
                 tracing::info!(config = %path.display(), "configuration and templates reloaded");

@@ -29,6 +29,8 @@ pub struct State {
     pub draining: AtomicBool,
     pub max_body_bytes: usize,
     pub request_timeout: Duration,
+    /// Signalled after a new configuration is served (`serve --backstop` follows it).
+    pub config_changed: tokio::sync::Notify,
 }
 
 impl State {
@@ -46,6 +48,7 @@ impl State {
             draining: AtomicBool::new(false),
             max_body_bytes,
             request_timeout,
+            config_changed: tokio::sync::Notify::new(),
         }
     }
 }
