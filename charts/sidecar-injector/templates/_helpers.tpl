@@ -256,3 +256,20 @@ promtool tests and the node suite's Prometheus (charts/prometheus-rules.py). */}
 {{- end -}}
 {{- toYaml $groups -}}
 {{- end -}}
+
+{{/* Whether the server keeps the backstop in step with its configuration (`serve --backstop`):
+"true" or "". The in-cluster server does, with policies.backstop.enabled true, or auto where the
+cluster serves ValidatingAdmissionPolicy; not when policies.backstop.manifest brings a backstop
+of its own (rendered as it is). */}}
+{{- define "sidecar-injector.backstopSync" -}}
+{{- $p := .Values.policies.backstop -}}
+{{- $vap := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
+{{- if and (include "sidecar-injector.inCluster" .) (not $p.manifest) -}}
+{{- if or (eq (toString $p.enabled) "true") (and (eq (toString $p.enabled) "auto") $vap) -}}true{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The backstop's object names, as `export backstop` names them: from the revision. */}}
+{{- define "sidecar-injector.backstopName" -}}
+{{- if .Values.revision -}}sidecar-injector-{{ .Values.revision }}-backstop{{- else -}}sidecar-injector-backstop{{- end -}}
+{{- end -}}

@@ -19,6 +19,7 @@ ALERTS = [
     "SidecarInjectorSlowReviews",
     "SidecarInjectorCertificateExpiring",
     "SidecarInjectorReloadFailing",
+    "SidecarInjectorBackstopStale",
 ]
 # Metrics the dashboard and the alerts may name that the injector does not export: Prometheus'
 # own per-target series.
