@@ -192,6 +192,7 @@ CHART_VALUES=(
   --set certificates.mode=selfSigned
   --set config.values.proxy.image=local/proxy:1
   --set config.values.logShipper.image=local/log-shipper:1
+  --set policies.backstop.enabled=false
 )
 helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
   --namespace "$RELEASE_NAMESPACE" --create-namespace "${CHART_VALUES[@]}" \

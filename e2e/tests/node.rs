@@ -35,6 +35,8 @@ use sidecar_injector_e2e::webhooks::with_mutating_changed;
 const RUNNING: Duration = Duration::from_secs(90);
 /// Bound on the injector's own rollout.
 const ROLLOUT: Duration = Duration::from_secs(150);
+/// Bound on what n08 waits for: a rollout, a ConfigMap reaching the pod, a policy taking effect.
+const WAIT_LONG: Duration = Duration::from_secs(90);
 
 /// The application: an init container of its own that must find the proxy already answering on
 /// 127.0.0.1 (and still answering a second later), and a container that reports the env and mount
@@ -904,5 +906,221 @@ async fn n07_prometheus_sees_the_injector_and_alerts_when_it_is_gone() -> anyhow
             Ok(())
         },
     )
+    .await
+}
+
+/// Runs `E2E_INJECTOR_CTL` (`stop` or `start`) for another release of the chart.
+async fn release_ctl(cx: &Ctx, action: &str, release_ns: &str, release: &str) -> anyhow::Result<()> {
+    let ctl = cx.env.injector_ctl.as_ref().context("no E2E_INJECTOR_CTL")?;
+    let status = tokio::process::Command::new(ctl)
+        .arg(action)
+        .env("E2E_RELEASE_NAMESPACE", release_ns)
+        .env("E2E_WEBHOOK_CONFIG", release)
+        .env("E2E_REPLICAS", "1")
+        .status()
+        .await?;
+    ensure!(status.success(), "{} {action} of {release} failed: {status}", ctl.display());
+    Ok(())
+}
+
+/// Runs helm with the suite's kubeconfig; its stdout, or an error with its stderr.
+async fn helm(cx: &Ctx, args: &[&str]) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(&cx.env.helm)
+        .args(args)
+        .output()
+        .await
+        .with_context(|| format!("cannot run {}", cx.env.helm))?;
+    ensure!(
+        output.status.success(),
+        "helm {} failed ({}): {}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The chart's values for n08's release: revision b2, one replica, its own template `agent`
+/// (the only default) whose sidecar is named `sidecar`; the server runs `image`, the suite's.
+fn b2_values(image: &str, sidecar: &str) -> String {
+    let (repository, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+    format!(
+        r#"fullnameOverride: e2e-b2
+revision: b2
+replicaCount: 1
+image:
+  repository: {repository}
+  tag: {tag}
+  pullPolicy: Never
+logFormat: json
+certificates:
+  mode: selfSigned
+podDisruptionBudget:
+  enabled: false
+config:
+  defaultTemplates: [agent]
+extraTemplates:
+  agent: |
+    containers:
+      - name: {sidecar}
+        image: {BUSYBOX}
+        command: [sleep, "3600"]
+"#
+    )
+}
+
+/// The backstop's `sidecar-injector.io/config` annotation and its owner's name, if it exists.
+async fn backstop_state(cx: &Ctx, name: &str) -> anyhow::Result<Option<(String, String)>> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+    ));
+    let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
+    Ok(api.get_opt(name).await?.map(|o| {
+        let digest = o
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("sidecar-injector.io/config").cloned())
+            .unwrap_or_default();
+        let owner = o
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|r| format!("{}/{}", r.kind, r.name))
+            .collect::<Vec<_>>()
+            .join(",");
+        (digest, owner)
+    }))
+}
+
+/// n08. The backstop follows the release's configuration by itself. A second release of the
+/// chart with values of its own (revision `b2`, one replica, its own template `agent` as the
+/// only default) and no export command: its server applies the backstop of that configuration,
+/// owned by the release's MutatingWebhookConfiguration. With that injector stopped, an opted-in
+/// pod is refused by the backstop naming the template's sidecar. `helm upgrade` with the
+/// template changed (its sidecar renamed) reaches the running server as a ConfigMap change it
+/// reloads in place: while it does, every opted-in pod is admitted (injected under the old
+/// template or the new one, never refused), and the backstop follows (with the injector
+/// stopped again, the refusal names the new sidecar). `helm uninstall` leaves no policy.
+#[tokio::test]
+async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<()> {
+    use sidecar_injector_e2e::cluster::{dry_run, refusal};
+    use sidecar_injector_e2e::pods::{REVISION_LABEL, STATUS_ANNOTATION, labelled, opted_in};
+    const RELEASE: &str = "e2e-b2";
+    const POLICY: &str = "sidecar-injector-b2-backstop";
+    scenario("n08-backstop-follows", &[Need::Node, Need::ProcessControl], |cx| async move {
+        let release_ns = cx.extra_namespace("release", &[]).await?;
+        let chart = cx.env.chart.display().to_string();
+        let dir = tempfile::tempdir()?;
+        let (v1, v2) = (dir.path().join("v1.yaml"), dir.path().join("v2.yaml"));
+        // The image the suite's own release runs (made by `make image`, never pulled).
+        let image = Api::<Deployment>::namespaced(cx.client.clone(), &cx.env.injector_namespace)
+            .get(&cx.env.webhook_config)
+            .await?
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|s| s.containers.into_iter().next())
+            .and_then(|c| c.image)
+            .context("the suite's injector Deployment names no image")?;
+        std::fs::write(&v1, b2_values(&image, "agent-v1"))?;
+        std::fs::write(&v2, b2_values(&image, "agent-v2"))?;
+        let (v1, v2) = (v1.display().to_string(), v2.display().to_string());
+        let pods = cx.pods();
+        let pod = |name: &str| labelled(opted_in(name), REVISION_LABEL, "b2");
+        let sidecars = |p: &Pod| -> Vec<String> {
+            p.spec.iter().flat_map(|s| s.containers.iter()).map(|c| c.name.clone()).filter(|n| n.starts_with("agent-")).collect()
+        };
+        let refused_naming = |sidecar: &'static str| {
+            let pods = pods.clone();
+            async move {
+                eventually(&format!("the backstop's refusal naming {sidecar}"), WAIT_LONG, || async {
+                    match dry_run(&pods, &pod("unreached")).await {
+                        Err(e) if refusal(&e).contains("lacks its sidecar") => Ok(Some(refusal(&e))),
+                        Err(e) => anyhow::bail!("refused otherwise: {}", refusal(&e)),
+                        Ok(p) => anyhow::bail!("admitted with {:?}", sidecars(&p)),
+                    }
+                })
+                .await
+                .and_then(|message| {
+                    for needle in [
+                        format!("ValidatingAdmissionPolicy '{POLICY}'"),
+                        format!("lacks its sidecar(s) {sidecar} (template agent)"),
+                    ] {
+                        ensure!(message.contains(&needle), "expected {needle:?} in: {message}");
+                    }
+                    Ok(message)
+                })
+            }
+        };
+        let body = async {
+            helm(&cx, &["install", RELEASE, &chart, "-n", &release_ns, "-f", &v1, "--wait", "--timeout", "120s"]).await?;
+            let (first, owner) = eventually("the server to apply the backstop", WAIT_LONG, || async {
+                Ok(backstop_state(&cx, POLICY).await?.filter(|(d, _)| !d.is_empty()))
+            })
+            .await?;
+            ensure!(owner == format!("MutatingWebhookConfiguration/{RELEASE}"), "the backstop's owner: {owner:?}");
+            let injected = eventually("an opted-in pod injected by the release", WAIT_LONG, || async {
+                Ok(dry_run(&pods, &pod("injected")).await.ok().filter(|p| !sidecars(p).is_empty()))
+            })
+            .await?;
+            ensure!(sidecars(&injected) == ["agent-v1"], "injected {:?}", sidecars(&injected));
+            let status = injected.metadata.annotations.clone().unwrap_or_default().get(STATUS_ANNOTATION).cloned().unwrap_or_default();
+            ensure!(status.contains(&format!("\"config\":\"{first}\"")), "the pod's status names another configuration than the backstop's {first}: {status}");
+            release_ctl(&cx, "stop", &release_ns, RELEASE).await?;
+            let refused = refused_naming("agent-v1").await;
+            release_ctl(&cx, "start", &release_ns, RELEASE).await?;
+            println!("n08: injector stopped: {}", refused?);
+            eventually("the release injecting again", WAIT_LONG, || async {
+                Ok(dry_run(&pods, &pod("back")).await.ok().filter(|p| !sidecars(p).is_empty()))
+            })
+            .await?;
+            // The template changes; the server reloads its ConfigMap in place (no rollout:
+            // restartOnConfigChange is false). Every pod created meanwhile is admitted.
+            helm(&cx, &["upgrade", RELEASE, &chart, "-n", &release_ns, "-f", &v2, "--wait", "--timeout", "120s"]).await?;
+            let (mut old, mut new, mut tries) = (0, 0, 0);
+            let start = std::time::Instant::now();
+            loop {
+                tries += 1;
+                let p = dry_run(&pods, &pod(&format!("during-{tries}")))
+                    .await
+                    .map_err(|e| anyhow::anyhow!("refused during the reload (after {old} pods with agent-v1, {new} with agent-v2): {}", refusal(&e)))?;
+                match sidecars(&p).as_slice() {
+                    [s] if s == "agent-v1" => old += 1,
+                    [s] if s == "agent-v2" => new += 1,
+                    other => anyhow::bail!("injected {other:?} during the reload"),
+                }
+                if new >= 20 {
+                    break;
+                }
+                ensure!(start.elapsed() < WAIT_LONG, "the server did not reload the new template in {WAIT_LONG:?}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            println!("n08: during the reload {tries} opted-in pods, all admitted: {old} with agent-v1, then {new} with agent-v2");
+            let (second, _) = eventually("the backstop of the new configuration", WAIT_LONG, || async {
+                Ok(backstop_state(&cx, POLICY).await?.filter(|(d, _)| !d.is_empty() && *d != first))
+            })
+            .await?;
+            release_ctl(&cx, "stop", &release_ns, RELEASE).await?;
+            let refused = refused_naming("agent-v2").await;
+            release_ctl(&cx, "start", &release_ns, RELEASE).await?;
+            println!("n08: backstop {first} -> {second}; injector stopped: {}", refused?);
+            helm(&cx, &["uninstall", RELEASE, "-n", &release_ns, "--wait", "--timeout", "120s"]).await?;
+            eventually("no policy left after helm uninstall", WAIT_LONG, || async {
+                Ok(backstop_state(&cx, POLICY).await?.is_none().then_some(()))
+            })
+            .await?;
+            anyhow::Ok(())
+        }
+        .await;
+        if body.is_err() {
+            helm(&cx, &["uninstall", RELEASE, "-n", &release_ns, "--timeout", "60s"]).await.ok();
+        }
+        cx.delete_namespace(&release_ns).await.ok();
+        body
+    })
     .await
 }

@@ -363,3 +363,76 @@ async fn p02_backstop_refuses_what_the_injector_did_not_reach() -> anyhow::Resul
     })
     .await
 }
+
+/// A backstop exported from another configuration than the one the injector serves (a stale
+/// one, as while a reload or a rollout is under way) never refuses what the running
+/// configuration injects: the pod's status names the configuration that injected it, and the
+/// backstop holds only pods of its own configuration (or with no status) to its contract. It
+/// still refuses an opted-in pod the injector never reached, naming its own sidecars; and the
+/// backstop exported from the running configuration (image check on, the default) admits the
+/// same injected pods.
+#[tokio::test]
+async fn p03_a_stale_backstop_never_refuses_what_the_running_configuration_injects() -> anyhow::Result<()> {
+    scenario("p03-stale-backstop", &[Need::TemplateChange], |cx| async move {
+        let running = injector_config(&cx.env, &cx.client).await?;
+        // Another configuration: other templates (mesh-agent), other defaults, another digest.
+        let stale = install(&cx.client, export(&cx.env, "backstop", Some(&policy_config()), &[]).await?, &["stale"]).await?;
+        let fresh = match export(&cx.env, "backstop", Some(running.path()), &[]).await {
+            Ok(docs) => install(&cx.client, docs, &["fresh"]).await,
+            Err(e) => Err(e),
+        };
+        let fresh = match fresh {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                stale.remove().await.ok();
+                return Err(e);
+            }
+        };
+        let mut namespaces = Vec::new();
+        let body = async {
+            // Injected by the suite's injector, guarded by the stale backstop.
+            let injected = cx.extra_namespace("injected", &[(ROAD_LABEL, "stale")]).await?;
+            namespaces.push(injected.clone());
+            // Never reached by the injector (the chart's opt-out), guarded by the stale backstop.
+            let bare = cx.extra_namespace("bare", &[(ROAD_LABEL, "stale"), (CHART_OFF, "true")]).await?;
+            namespaces.push(bare.clone());
+            // Injected, guarded by the backstop of the running configuration.
+            let current = cx.extra_namespace("current", &[(ROAD_LABEL, "fresh")]).await?;
+            namespaces.push(current.clone());
+            let message = eventually("the stale backstop's refusal of a pod the injector never reached", WAIT, || async {
+                match dry_run(&cx.pods_in(&bare), &opted_in("bare")).await {
+                    Err(e) if refusal(&e).contains("lacks its sidecar") => Ok(Some(refusal(&e))),
+                    Err(e) => Err(anyhow::anyhow!("refused otherwise: {}", refusal(&e))),
+                    Ok(_) => Ok(None),
+                }
+            })
+            .await?;
+            ensure!(message.contains("mesh-agent (template mesh-agent)"), "the stale backstop names its own sidecars: {message}");
+            for (ns, what) in [(&injected, "the stale backstop"), (&current, "the running configuration's backstop")] {
+                let pods = cx.pods_in(ns);
+                for (name, pod) in [
+                    ("plain", opted_in("plain")),
+                    ("ports", with_ports(opted_in("ports"), &[8080, 9090])),
+                    ("one-template", annotated(opted_in("one-template"), TEMPLATES_ANNOTATION, PROXY)),
+                ] {
+                    let stored = accepts(&pods, &pod)
+                        .await
+                        .with_context(|| format!("{what} refused pod {name}, which the running configuration injected"))?;
+                    let status = status_annotation(&stored).unwrap_or_default().to_owned();
+                    ensure!(status.contains("\"config\":\""), "pod {name}: the status names no configuration: {status}");
+                    if name != "one-template" {
+                        check_injected(&stored)?;
+                    }
+                }
+            }
+            anyhow::Ok(())
+        }
+        .await;
+        for ns in &namespaces {
+            cx.delete_namespace(ns).await.ok();
+        }
+        let removed = stale.remove().await.and(fresh.remove().await);
+        body.and(removed)
+    })
+    .await
+}
