@@ -1,5 +1,5 @@
-//! The tree shows the design (README, "Architecture"): the engine (`src/engine/`) does no I/O
-//! and imports no shell, and the shells import one another in one direction only
+//! The tree shows the design (docs/ARCHITECTURE.md, "The code"): the engine (`src/engine/`)
+//! does no I/O and imports no shell, and the shells import one another in one direction only
 //! (cli → server → load). This reads the sources, outside `#[cfg(test)]` modules and comments.
 
 use std::path::{Path, PathBuf};

@@ -430,7 +430,7 @@ async fn s05_existing_sidecars_are_not_duplicated() -> anyhow::Result<()> {
 
         // The pod's own container called log-shipper (not the injector's): kept as it is, with
         // no second one (the apiserver would refuse a duplicate name), recorded under "kept",
-        // and admitted by the validator (README: How a pod is injected, 5).
+        // and admitted by the validator (docs/ARCHITECTURE.md: How a pod is injected, 5).
         let mut pod = opted_in("own-log-shipper");
         if let Some(spec) = pod.spec.as_mut() {
             spec.containers.push(k8s_openapi::api::core::v1::Container {
