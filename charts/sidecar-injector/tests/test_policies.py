@@ -22,8 +22,69 @@ def excluded(doc):
     return names["values"]
 
 
-def test_backstop_is_on_where_the_cluster_has_the_api():
-    out = render(api_versions=VAP)
+def env_of(deployment):
+    """The server container's environment, as {name: value or valueFrom}."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def rules_of(out, kind, name):
+    (role,) = [d for d in out.all(kind) if d["metadata"]["name"] == name]
+    return role["rules"]
+
+
+@pytest.mark.parametrize("sets", [
+    (),
+    # Any values: the server exports what it serves, so nothing differs for the chart.
+    ("config.values.proxy.image=example/proxy:2", "revision=canary",
+     "webhook.namespaceOptIn.enabled=false", "webhook.disabledLabel=example.com/off"),
+])
+def test_the_server_keeps_the_backstop_where_the_cluster_has_the_api(sets):
+    out = render(*sets, api_versions=VAP)
+    # Nothing of it is rendered: the server applies the export of its configuration.
+    assert not out.all("ValidatingAdmissionPolicy")
+    assert not out.all("ValidatingAdmissionPolicyBinding")
+    deployment = out.one("Deployment")
+    env = env_of(deployment)
+    name = deployment["metadata"]["name"]
+    assert env["SIDECAR_INJECTOR_BACKSTOP"] == "true"
+    assert env["SIDECAR_INJECTOR_BACKSTOP_OWNER"] == out.one("MutatingWebhookConfiguration")["metadata"]["name"]
+    assert env["SIDECAR_INJECTOR_NAMESPACE_OPT_IN"] == ("false" if sets else "true")
+    assert env["SIDECAR_INJECTOR_DISABLED_LABEL"] == ("example.com/off" if sets else "sidecar-injector.io/disabled")
+    assert env["SIDECAR_INJECTOR_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    # Its rights: the backstop's objects by the names `export` gives them, its owner, events.
+    policy = "sidecar-injector-canary-backstop" if sets else "sidecar-injector-backstop"
+    rules = rules_of(out, "ClusterRole", f"{name}-backstop")
+    assert rules == [
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
+         "resourceNames": [policy], "verbs": ["get", "create", "patch"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
+         "resourceNames": [policy, f"{policy}-namespace"], "verbs": ["get", "create", "patch", "delete"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+         "resourceNames": [env["SIDECAR_INJECTOR_BACKSTOP_OWNER"]], "verbs": ["get"]},
+    ]
+    assert rules_of(out, "Role", f"{name}-backstop-events") == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    (binding,) = [b for b in out.all("ClusterRoleBinding") if b["metadata"]["name"] == f"{name}-backstop"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": out.one("ServiceAccount")["metadata"]["name"],
+                                    "namespace": NAMESPACE}]
+
+
+def test_no_backstop_no_token():
+    for out in (render(), render("policies.backstop.enabled=false", api_versions=VAP)):
+        deployment = out.one("Deployment")
+        assert "SIDECAR_INJECTOR_BACKSTOP" not in env_of(deployment)
+        assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+        assert not [r for r in out.all("ClusterRole") if r["metadata"]["name"].endswith("-backstop")]
+    # `true` keeps it even where the API is not announced (helm template without a cluster).
+    assert env_of(render("policies.backstop.enabled=true").one("Deployment"))["SIDECAR_INJECTOR_BACKSTOP"] == "true"
+
+
+def test_without_a_server_in_the_cluster_the_shipped_export_is_rendered():
+    url = ("webhook.url=https://injector.example:8443", "replicaCount=0",
+           "certificates.mode=existingSecret", "certificates.existingSecret.caBundle=Y2E=")
+    out = render(*url, api_versions=VAP)
     policy = out.one("ValidatingAdmissionPolicy")
     bindings = out.all("ValidatingAdmissionPolicyBinding")
     assert [b["spec"]["policyName"] for b in bindings] == [policy["metadata"]["name"]] * 2
@@ -34,20 +95,24 @@ def test_backstop_is_on_where_the_cluster_has_the_api():
         assert "__RELEASE_NAMESPACE__" not in yaml.safe_dump(doc)
     assert all(b["spec"]["validationActions"] == ["Deny"] for b in bindings)
     # Without the API (Kubernetes before 1.30, or helm template without a cluster) it is left out.
-    assert not render().all("ValidatingAdmissionPolicy")
-    assert not render("policies.backstop.enabled=false", api_versions=VAP).all("ValidatingAdmissionPolicy")
-
-
-def test_another_configuration_needs_its_own_export():
-    changed = ("config.values.proxy.image=example/proxy:2",)
-    # auto: left out rather than refusing pods against templates it does not hold.
+    assert not render(*url).all("ValidatingAdmissionPolicy")
+    assert not render(*url, "policies.backstop.enabled=false", api_versions=VAP).all("ValidatingAdmissionPolicy")
+    # Another configuration needs its own export: auto leaves it out, true says how.
+    changed = (*url, "config.values.proxy.image=example/proxy:2")
     assert not render(*changed, api_versions=VAP).all("ValidatingAdmissionPolicy")
     err = render_error(*changed, "policies.backstop.enabled=true", api_versions=VAP)
     assert "sidecar-injector export backstop --configmap -" in err, err
-    manifest = render(api_versions=VAP).one("ValidatingAdmissionPolicy")
-    own = render(*changed, values={"policies": {"backstop": {"manifest": yaml.safe_dump(manifest)}}},
+    own = render(*changed, values={"policies": {"backstop": {"manifest": yaml.safe_dump(policy)}}},
                  api_versions=VAP)
-    assert own.one("ValidatingAdmissionPolicy") == manifest
+    assert own.one("ValidatingAdmissionPolicy") == policy
+
+
+def test_a_manifest_of_ones_own_replaces_the_servers():
+    manifest = render("webhook.url=https://x:1", "replicaCount=0", "certificates.mode=existingSecret",
+                      "certificates.existingSecret.caBundle=Y2E=", api_versions=VAP).one("ValidatingAdmissionPolicy")
+    out = render(values={"policies": {"backstop": {"manifest": yaml.safe_dump(manifest)}}}, api_versions=VAP)
+    assert out.one("ValidatingAdmissionPolicy") == manifest
+    assert "SIDECAR_INJECTOR_BACKSTOP" not in env_of(out.one("Deployment"))
 
 
 def test_the_shipped_backstop_matches_a_fresh_export(tmp_path):
