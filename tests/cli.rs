@@ -71,6 +71,26 @@ fn succeeds(out: &Output) -> &Output {
     out
 }
 
+/// Exit 0, and on stderr one `note:` line for each opted-in pod or pod template the command
+/// left as it is, in order: each starts with its `left_alone` (`Kind/name: ...`).
+fn succeeds_noting<'a>(out: &'a Output, left_alone: &[&str]) -> &'a Output {
+    let err = stderr(out);
+    assert!(out.status.success(), "status {}\nstderr: {err}", out.status);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), left_alone.len(), "stderr: {err}");
+    for (line, expected) in lines.iter().zip(left_alone) {
+        assert!(
+            line.strip_prefix("note: ")
+                .is_some_and(|l| l.starts_with(expected)),
+            "{expected:?} is not the start of: {line}"
+        );
+    }
+    out
+}
+
+/// What `inject` says of manifests/workloads.yaml: its one opted-in template left alone.
+const WORKLOADS_LEFT_ALONE: &str = "Deployment/dns-helper: not injected: opted in, but namespace \"kube-system\" is excluded from injection";
+
 /// Exit non-zero, nothing on stdout, and an `error:` on stderr that says `mentions`.
 fn fails_saying(out: &Output, mentions: &[&str]) {
     let err = stderr(out);
@@ -127,13 +147,12 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
     let path = input("manifests/workloads.yaml");
     let text = read(&path);
     let out = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
-    let injected = stdout(succeeds(&out));
+    let injected = stdout(succeeds_noting(&out, &[WORKLOADS_LEFT_ALONE]));
 
     // The same bytes as the library writes.
-    assert_eq!(
-        injected,
-        sidecar_injector::manifest::inject(&injector(), &text, None).expect("library injects")
-    );
+    let library = sidecar_injector::manifest::inject(&injector(), &text, None).expect("injects");
+    assert_eq!(injected, library.yaml);
+    assert_eq!(stderr(&out), format!("note: {}\n", library.left_alone.join("\nnote: ")));
 
     let before = split_documents(&text);
     let after = split_documents(&injected);
@@ -193,19 +212,28 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
 #[test]
 fn injecting_the_output_again_changes_nothing() {
     let path = input("manifests/workloads.yaml");
-    let once = stdout(succeeds(&run(&[
-        "inject",
-        "-f",
-        path.to_str().expect("UTF-8 path"),
-    ])));
+    let once = stdout(succeeds_noting(
+        &run(&["inject", "-f", path.to_str().expect("UTF-8 path")]),
+        &[WORKLOADS_LEFT_ALONE],
+    ));
     let dir = tempfile::tempdir().expect("tempdir");
     let again = dir.path().join("once.yaml");
     std::fs::write(&again, &once).expect("write");
-    let twice = stdout(succeeds(&run(&[
-        "inject",
-        "-f",
-        again.to_str().expect("UTF-8 path"),
-    ])));
+    // Every opted-in template is now left alone, and says so.
+    let twice = stdout(succeeds_noting(
+        &run(&["inject", "-f", again.to_str().expect("UTF-8 path")]),
+        &[
+            "Pod/web-debug: already injected with [log-shipper, proxy]: nothing to add",
+            "Deployment/web: already injected",
+            "StatefulSet/db: already injected",
+            "DaemonSet/node-agent: already injected",
+            "ReplicaSet/worker: already injected with [log-shipper]: nothing to add",
+            "ReplicationController/legacy: already injected",
+            "Job/migrate: already injected",
+            "CronJob/report: already injected",
+            WORKLOADS_LEFT_ALONE,
+        ],
+    ));
     assert_eq!(once, twice);
 }
 
@@ -214,7 +242,10 @@ fn inject_reads_standard_input() {
     let path = input("manifests/workloads.yaml");
     let from_file = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
     let from_stdin = run_with_stdin(&["inject", "-f", "-"], read(&path).as_bytes());
-    assert_eq!(stdout(succeeds(&from_stdin)), stdout(succeeds(&from_file)));
+    assert_eq!(
+        stdout(succeeds_noting(&from_stdin, &[WORKLOADS_LEFT_ALONE])),
+        stdout(succeeds_noting(&from_file, &[WORKLOADS_LEFT_ALONE]))
+    );
 }
 
 // === review ===
@@ -309,7 +340,9 @@ fn explain_gives_every_reason() {
     let reasons = read(&input("manifests/reasons.yaml"));
     // One more document: a pod the injector already injected.
     let fresh = "apiVersion: v1\nkind: Pod\nmetadata: {name: done, namespace: shop, labels: {sidecar-injector.io/inject: \"true\"}}\nspec: {containers: [{name: app, image: nginx:1.27}]}\n";
-    let done = sidecar_injector::manifest::inject(&injector(), fresh, None).expect("injects");
+    let done = sidecar_injector::manifest::inject(&injector(), fresh, None)
+        .expect("injects")
+        .yaml;
     let text = format!("{reasons}---\n{done}");
     let out = run_with_stdin(&["explain", "-f", "-"], text.as_bytes());
     let report = stdout(succeeds(&out));
@@ -558,7 +591,7 @@ fn a_config_file_is_used() {
         "--config",
         config.to_str().expect("UTF-8 path"),
     ]);
-    let injected = stdout(succeeds(&out));
+    let injected = stdout(succeeds_noting(&out, &[WORKLOADS_LEFT_ALONE]));
     assert!(injected.contains("fluent-bit:9.9.9"), "{injected}");
     assert!(!injected.contains("fluent-bit:3.2.4"), "{injected}");
 }
@@ -618,11 +651,10 @@ fn webhooks(namespace: &str, pod: &Value) -> (Option<Value>, Value) {
 #[test]
 fn offline_injected_pods_pass_the_webhooks() {
     let path = input("manifests/workloads.yaml");
-    let injected = stdout(succeeds(&run(&[
-        "inject",
-        "-f",
-        path.to_str().expect("UTF-8 path"),
-    ])));
+    let injected = stdout(succeeds_noting(
+        &run(&["inject", "-f", path.to_str().expect("UTF-8 path")]),
+        &[WORKLOADS_LEFT_ALONE],
+    ));
     let mut checked = 0;
     for doc in split_documents(&injected).into_iter().map(yaml) {
         let namespace = doc["metadata"]["namespace"].as_str().unwrap_or("default");
@@ -851,7 +883,7 @@ fn the_commands_agree_on_a_pod_the_api_server_refuses() {
     let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n  namespace: shop\n  labels: {sidecar-injector.io/inject: \"true\"}\nspec: {}\n";
     let out = run_with_stdin(&["inject", "-f", "-"], manifest.as_bytes());
     assert_eq!(
-        stdout(succeeds(&out)),
+        stdout(succeeds_noting(&out, &["Pod/x: not injected: opted in, but the pod has no spec.containers"])),
         manifest,
         "written back byte for byte"
     );

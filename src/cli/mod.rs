@@ -18,7 +18,7 @@ use crate::engine::inject::Entry;
 use crate::engine::review::Webhook;
 use crate::engine::{explain, manifest, policy, review};
 use crate::load::ConfigArg;
-use stdio::{read_input, read_text, write_stdout};
+use stdio::{read_input, read_text, write_notes, write_stdout};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -237,8 +237,12 @@ impl Cli {
             Command::Serve(args) => args.run(),
             Command::Inject(args) => {
                 let inj = args.config.load()?;
-                let output = manifest::inject_for(&inj, &read_text(&args.file)?, &args.target())?;
-                write_stdout(output.as_bytes())
+                let injected =
+                    manifest::inject_for(&inj, &read_text(&args.file)?, &args.target())?;
+                write_stdout(injected.yaml.as_bytes())?;
+                // After the output, so that it is whole before anyone reads why.
+                write_notes(&injected.left_alone);
+                Ok(())
             }
             Command::Review {
                 request,
