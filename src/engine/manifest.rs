@@ -617,6 +617,87 @@ mod tests {
         );
     }
 
+    fn object(text: &str) -> Value {
+        serde_saphyr::from_str(text).expect("YAML")
+    }
+
+    #[test]
+    fn any_kind_with_a_pod_template_has_one() {
+        let rollout = object(
+            "apiVersion: argoproj.io/v1alpha1\nkind: Rollout\nspec: {template: {spec: {containers: []}}}\n",
+        );
+        assert_eq!(template_path(&rollout), Some(TEMPLATE));
+        let scheduled = object(
+            "apiVersion: example.com/v1\nkind: Nightly\nspec: {jobTemplate: {spec: {template: {spec: {containers: [{name: a}]}}}}}\n",
+        );
+        assert_eq!(template_path(&scheduled), Some(JOB_TEMPLATE));
+        for text in [
+            // No containers list: a VM, a template of something else.
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachine\nspec: {template: {spec: {domain: {}}}}\n",
+            "apiVersion: example.com/v1\nkind: Thing\nspec: {template: {spec: {containers: {a: 1}}}}\n",
+            // Not a Kubernetes object (a Helm values file, say).
+            "spec: {template: {spec: {containers: []}}}\n",
+            "apiVersion: v1\nkind: List\nitems: []\nspec: {template: {spec: {containers: []}}}\n",
+        ] {
+            assert_eq!(template_path(&object(text)), None, "{text}");
+        }
+        // Known kinds keep their own place, whatever else they hold.
+        let job = object("apiVersion: batch/v1\nkind: Job\nspec: {jobTemplate: {spec: {template: {spec: {containers: []}}}}}\n");
+        assert_eq!(template_path(&job), Some(TEMPLATE));
+    }
+
+    #[test]
+    fn a_list_is_injected_item_by_item_and_keeps_its_shape() {
+        let inj = Injector::embedded(None).expect("embedded");
+        let item = DEPLOYMENT
+            .replace("metadata:\n  name: web\n", "metadata:\n  name: web\n  namespace: shop\n")
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>();
+        let list = format!(
+            "apiVersion: v1\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {{name: web, namespace: shop}}\n-{}kind: List\nmetadata:\n  resourceVersion: \"\"\n",
+            &item[1..]
+        );
+        let docs = process(&inj, &list, None).expect("reads");
+        assert_eq!(docs.len(), 1);
+        let ids: Vec<&str> = docs[0].objects.iter().map(|o| o.id.as_str()).collect();
+        assert_eq!(ids, ["Service/web", "Deployment/web"]);
+        assert!(matches!(docs[0].objects[0].outcome, DocOutcome::Passthrough));
+        assert!(matches!(docs[0].objects[1].outcome, DocOutcome::Injected { .. }));
+        let out = docs[0].output.as_ref().expect("injected");
+        assert_eq!(out["kind"], "List");
+        assert_eq!(out["metadata"]["resourceVersion"], "");
+        assert_eq!(out["items"][0], object(&list)["items"][0]);
+        assert!(out.pointer("/items/1/spec/template/spec/initContainers/0").is_some());
+
+        // The same List as kubectl's JSON: one document, read as YAML.
+        let json = serde_json::to_string_pretty(&object(&list)).expect("JSON");
+        let docs = process(&inj, &json, None).expect("reads JSON");
+        assert_eq!(docs[0].output.as_ref(), Some(out));
+
+        // An empty List is a document with nothing in it.
+        let empty = "apiVersion: v1\nitems: []\nkind: List\nmetadata:\n  resourceVersion: \"\"\n";
+        let injected = inject(&inj, empty, None).expect("reads");
+        assert_eq!(injected.yaml, empty);
+        assert!(injected.left_alone.is_empty());
+    }
+
+    #[test]
+    fn an_item_without_a_namespace_is_refused_by_its_document() {
+        let inj = Injector::embedded(None).expect("embedded");
+        let item = DEPLOYMENT
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>();
+        let list = format!("apiVersion: v1\nkind: List\nitems:\n-{}", &item[1..]);
+        let err = inject(&inj, &format!("a: 1\n---\n{list}"), None).expect_err("no namespace");
+        assert!(
+            err.to_string()
+                .starts_with("document 2 (Deployment/web) has no metadata.namespace"),
+            "{err}"
+        );
+    }
+
     #[test]
     fn cronjob_template_is_found() {
         assert_eq!(
