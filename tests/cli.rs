@@ -248,6 +248,89 @@ fn inject_reads_standard_input() {
     );
 }
 
+/// `kubectl get ... -o yaml|json | sidecar-injector inject -f -`: the items of the List kubectl
+/// prints are injected in place, and the opted-in one left alone is named on stderr.
+#[test]
+fn inject_reads_what_kubectl_get_prints() {
+    let mut outputs = Vec::new();
+    for file in [
+        "kubectl/get-deploy-sts-all-namespaces.yaml",
+        "kubectl/get-deploy-sts-all-namespaces.json",
+    ] {
+        let out = run_with_stdin(&["inject", "-f", "-"], read(&input(file)).as_bytes());
+        let injected = stdout(succeeds_noting(
+            &out,
+            &["Deployment/metrics-server: not injected: opted in, but namespace \"kube-system\" is excluded from injection"],
+        ));
+        let list = yaml(&injected);
+        assert_eq!(list["kind"], "List", "{file}: {injected}");
+        let items = list["items"].as_array().expect("items");
+        let by_name = |name: &str| {
+            items
+                .iter()
+                .find(|i| i["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{file}: no {name}"))
+        };
+        for name in ["web", "db"] {
+            let template = template_of(by_name(name));
+            assert!(
+                names(template, "containers").contains(&"log-shipper".to_owned()),
+                "{file}: {name}"
+            );
+            assert_eq!(names(template, "initContainers"), ["proxy"], "{file}: {name}");
+        }
+        for name in ["coredns", "metrics-server"] {
+            assert!(
+                names(template_of(by_name(name)), "initContainers").is_empty(),
+                "{file}: {name}"
+            );
+        }
+        outputs.push(injected);
+    }
+    // The JSON List is read as YAML, and what is injected is written as YAML.
+    assert_eq!(outputs[0], outputs[1]);
+}
+
+/// Kinds the injector does not know, with a pod template at `spec.template`, are injected;
+/// one whose `spec.template` is opted in but holds no containers is named and left alone.
+#[test]
+fn inject_reads_any_kind_with_a_pod_template() {
+    let path = input("kubectl/get-dc-rollout-vm.yaml");
+    let out = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
+    let injected = stdout(succeeds_noting(
+        &out,
+        &["VirtualMachine/legacy-erp: not injected: its spec.template carries sidecar-injector.io/inject=\"true\", but it is not a pod template"],
+    ));
+    let before = yaml(&read(&path));
+    let after = yaml(&injected);
+    for (i, kind) in ["DeploymentConfig", "Rollout"].into_iter().enumerate() {
+        let item = &after["items"][i];
+        assert_eq!(item["kind"], kind);
+        assert_eq!(names(template_of(item), "initContainers"), ["proxy"], "{kind}");
+        assert_eq!(
+            template_of(item)["metadata"]["annotations"]["sidecar-injector.io/status"]
+                .as_str()
+                .map(|s| s.contains("\"templates\":[\"log-shipper\",\"proxy\"]")),
+            Some(true),
+            "{kind}"
+        );
+    }
+    assert_eq!(after["items"][2], before["items"][2], "the VirtualMachine is kept");
+
+    let report = stdout(succeeds(&run(&[
+        "explain",
+        "-f",
+        path.to_str().expect("UTF-8 path"),
+    ])));
+    for expected in [
+        "DeploymentConfig/orders: injected with [log-shipper, proxy]",
+        "Rollout/checkout: injected with [log-shipper, proxy]",
+        "VirtualMachine/legacy-erp: not injected: its spec.template carries",
+    ] {
+        assert!(report.contains(expected), "{expected:?} not in:\n{report}");
+    }
+}
+
 // === review ===
 
 /// Every captured review of the golden inputs, answered by both webhooks.
