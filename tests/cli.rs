@@ -152,7 +152,10 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
     // The same bytes as the library writes.
     let library = sidecar_injector::manifest::inject(&injector(), &text, None).expect("injects");
     assert_eq!(injected, library.yaml);
-    assert_eq!(stderr(&out), format!("note: {}\n", library.left_alone.join("\nnote: ")));
+    assert_eq!(
+        stderr(&out),
+        format!("note: {}\n", library.left_alone.join("\nnote: "))
+    );
 
     let before = split_documents(&text);
     let after = split_documents(&injected);
@@ -260,7 +263,9 @@ fn inject_reads_what_kubectl_get_prints() {
         let out = run_with_stdin(&["inject", "-f", "-"], read(&input(file)).as_bytes());
         let injected = stdout(succeeds_noting(
             &out,
-            &["Deployment/metrics-server: not injected: opted in, but namespace \"kube-system\" is excluded from injection"],
+            &[
+                "Deployment/metrics-server: not injected: opted in, but namespace \"kube-system\" is excluded from injection",
+            ],
         ));
         let list = yaml(&injected);
         assert_eq!(list["kind"], "List", "{file}: {injected}");
@@ -277,7 +282,11 @@ fn inject_reads_what_kubectl_get_prints() {
                 names(template, "containers").contains(&"log-shipper".to_owned()),
                 "{file}: {name}"
             );
-            assert_eq!(names(template, "initContainers"), ["proxy"], "{file}: {name}");
+            assert_eq!(
+                names(template, "initContainers"),
+                ["proxy"],
+                "{file}: {name}"
+            );
         }
         for name in ["coredns", "metrics-server"] {
             assert!(
@@ -299,14 +308,20 @@ fn inject_reads_any_kind_with_a_pod_template() {
     let out = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
     let injected = stdout(succeeds_noting(
         &out,
-        &["VirtualMachine/legacy-erp: not injected: its spec.template carries sidecar-injector.io/inject=\"true\", but it is not a pod template"],
+        &[
+            "VirtualMachine/legacy-erp: not injected: its spec.template carries sidecar-injector.io/inject=\"true\", but it is not a pod template",
+        ],
     ));
     let before = yaml(&read(&path));
     let after = yaml(&injected);
     for (i, kind) in ["DeploymentConfig", "Rollout"].into_iter().enumerate() {
         let item = &after["items"][i];
         assert_eq!(item["kind"], kind);
-        assert_eq!(names(template_of(item), "initContainers"), ["proxy"], "{kind}");
+        assert_eq!(
+            names(template_of(item), "initContainers"),
+            ["proxy"],
+            "{kind}"
+        );
         assert_eq!(
             template_of(item)["metadata"]["annotations"]["sidecar-injector.io/status"]
                 .as_str()
@@ -315,7 +330,10 @@ fn inject_reads_any_kind_with_a_pod_template() {
             "{kind}"
         );
     }
-    assert_eq!(after["items"][2], before["items"][2], "the VirtualMachine is kept");
+    assert_eq!(
+        after["items"][2], before["items"][2],
+        "the VirtualMachine is kept"
+    );
 
     let report = stdout(succeeds(&run(&[
         "explain",
@@ -966,7 +984,10 @@ fn the_commands_agree_on_a_pod_the_api_server_refuses() {
     let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n  namespace: shop\n  labels: {sidecar-injector.io/inject: \"true\"}\nspec: {}\n";
     let out = run_with_stdin(&["inject", "-f", "-"], manifest.as_bytes());
     assert_eq!(
-        stdout(succeeds_noting(&out, &["Pod/x: not injected: opted in, but the pod has no spec.containers"])),
+        stdout(succeeds_noting(
+            &out,
+            &["Pod/x: not injected: opted in, but the pod has no spec.containers"]
+        )),
         manifest,
         "written back byte for byte"
     );

@@ -24,8 +24,8 @@ use sha2::{Digest as _, Sha256};
 use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
 use sidecar_injector::inject::{Decision, Entry, PodFacts, decide, plan_edits};
 use sidecar_injector::review::{Outcome, Webhook, answer, answer_for};
-use sidecar_injector::{explain, manifest};
 use sidecar_injector::view::{PodView, pod_json};
+use sidecar_injector::{explain, manifest};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
 
@@ -537,13 +537,18 @@ fn check_list(input: &Value, output: &Value, left_alone: &[String]) -> Vec<Strin
             continue;
         }
         if !opted_in || named {
-            problems.push(format!("{id} changed (opted in: {opted_in}; named: {named})"));
+            problems.push(format!(
+                "{id} changed (opted in: {opted_in}; named: {named})"
+            ));
         }
         let Some(template) = workload_template(new) else {
             problems.push(format!("{id} lost its pod template"));
             continue;
         };
-        let containers = template["spec"]["containers"].as_array().into_iter().flatten();
+        let containers = template["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten();
         if !containers.into_iter().any(|c| c["name"] == "log-shipper") {
             problems.push(format!("{id} changed but has no log-shipper"));
         }
@@ -612,7 +617,11 @@ fn kubectl_json_and_yaml_agree() {
         assert_eq!(inject(&json), inject(&yaml), "{}", json.display());
         pairs += 1;
     }
-    assert!(pairs > 0, "no JSON input with a YAML twin in {}", dir.display());
+    assert!(
+        pairs > 0,
+        "no JSON input with a YAML twin in {}",
+        dir.display()
+    );
 }
 
 /// A snapshot whose input was renamed or deleted is never checked again: refuse it.

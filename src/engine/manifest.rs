@@ -289,8 +289,7 @@ pub fn process_for(
                     let mut objects = Vec::with_capacity(items.len());
                     let mut injected = Vec::new();
                     for (position, item) in items.iter().enumerate() {
-                        let (object, output) =
-                            process_one(inj, index, item, target, &namespaces)?;
+                        let (object, output) = process_one(inj, index, item, target, &namespaces)?;
                         objects.push(object);
                         injected.extend(output.map(|o| (position, o)));
                     }
@@ -600,7 +599,10 @@ mod tests {
         );
         let docs = process(&inj, &once, None).expect("second");
         assert!(
-            matches!(docs[1].objects[0].outcome, DocOutcome::AlreadyInjected { .. }),
+            matches!(
+                docs[1].objects[0].outcome,
+                DocOutcome::AlreadyInjected { .. }
+            ),
             "{:?}",
             docs[1].objects[0].outcome
         );
@@ -642,7 +644,9 @@ mod tests {
             assert_eq!(template_path(&object(text)), None, "{text}");
         }
         // Known kinds keep their own place, whatever else they hold.
-        let job = object("apiVersion: batch/v1\nkind: Job\nspec: {jobTemplate: {spec: {template: {spec: {containers: []}}}}}\n");
+        let job = object(
+            "apiVersion: batch/v1\nkind: Job\nspec: {jobTemplate: {spec: {template: {spec: {containers: []}}}}}\n",
+        );
         assert_eq!(template_path(&job), Some(TEMPLATE));
     }
 
@@ -650,7 +654,10 @@ mod tests {
     fn a_list_is_injected_item_by_item_and_keeps_its_shape() {
         let inj = Injector::embedded(None).expect("embedded");
         let item = DEPLOYMENT
-            .replace("metadata:\n  name: web\n", "metadata:\n  name: web\n  namespace: shop\n")
+            .replace(
+                "metadata:\n  name: web\n",
+                "metadata:\n  name: web\n  namespace: shop\n",
+            )
             .lines()
             .map(|l| format!("  {l}\n"))
             .collect::<String>();
@@ -662,13 +669,22 @@ mod tests {
         assert_eq!(docs.len(), 1);
         let ids: Vec<&str> = docs[0].objects.iter().map(|o| o.id.as_str()).collect();
         assert_eq!(ids, ["Service/web", "Deployment/web"]);
-        assert!(matches!(docs[0].objects[0].outcome, DocOutcome::Passthrough));
-        assert!(matches!(docs[0].objects[1].outcome, DocOutcome::Injected { .. }));
+        assert!(matches!(
+            docs[0].objects[0].outcome,
+            DocOutcome::Passthrough
+        ));
+        assert!(matches!(
+            docs[0].objects[1].outcome,
+            DocOutcome::Injected { .. }
+        ));
         let out = docs[0].output.as_ref().expect("injected");
         assert_eq!(out["kind"], "List");
         assert_eq!(out["metadata"]["resourceVersion"], "");
         assert_eq!(out["items"][0], object(&list)["items"][0]);
-        assert!(out.pointer("/items/1/spec/template/spec/initContainers/0").is_some());
+        assert!(
+            out.pointer("/items/1/spec/template/spec/initContainers/0")
+                .is_some()
+        );
 
         // The same List as kubectl's JSON: one document, read as YAML.
         let json = serde_json::to_string_pretty(&object(&list)).expect("JSON");
