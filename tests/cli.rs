@@ -71,6 +71,26 @@ fn succeeds(out: &Output) -> &Output {
     out
 }
 
+/// Exit 0, and on stderr one `note:` line for each opted-in pod or pod template the command
+/// left as it is, in order: each starts with its `left_alone` (`Kind/name: ...`).
+fn succeeds_noting<'a>(out: &'a Output, left_alone: &[&str]) -> &'a Output {
+    let err = stderr(out);
+    assert!(out.status.success(), "status {}\nstderr: {err}", out.status);
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), left_alone.len(), "stderr: {err}");
+    for (line, expected) in lines.iter().zip(left_alone) {
+        assert!(
+            line.strip_prefix("note: ")
+                .is_some_and(|l| l.starts_with(expected)),
+            "{expected:?} is not the start of: {line}"
+        );
+    }
+    out
+}
+
+/// What `inject` says of manifests/workloads.yaml: its one opted-in template left alone.
+const WORKLOADS_LEFT_ALONE: &str = "Deployment/dns-helper: not injected: opted in, but namespace \"kube-system\" is excluded from injection";
+
 /// Exit non-zero, nothing on stdout, and an `error:` on stderr that says `mentions`.
 fn fails_saying(out: &Output, mentions: &[&str]) {
     let err = stderr(out);
@@ -127,12 +147,14 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
     let path = input("manifests/workloads.yaml");
     let text = read(&path);
     let out = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
-    let injected = stdout(succeeds(&out));
+    let injected = stdout(succeeds_noting(&out, &[WORKLOADS_LEFT_ALONE]));
 
     // The same bytes as the library writes.
+    let library = sidecar_injector::manifest::inject(&injector(), &text, None).expect("injects");
+    assert_eq!(injected, library.yaml);
     assert_eq!(
-        injected,
-        sidecar_injector::manifest::inject(&injector(), &text, None).expect("library injects")
+        stderr(&out),
+        format!("note: {}\n", library.left_alone.join("\nnote: "))
     );
 
     let before = split_documents(&text);
@@ -193,19 +215,28 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
 #[test]
 fn injecting_the_output_again_changes_nothing() {
     let path = input("manifests/workloads.yaml");
-    let once = stdout(succeeds(&run(&[
-        "inject",
-        "-f",
-        path.to_str().expect("UTF-8 path"),
-    ])));
+    let once = stdout(succeeds_noting(
+        &run(&["inject", "-f", path.to_str().expect("UTF-8 path")]),
+        &[WORKLOADS_LEFT_ALONE],
+    ));
     let dir = tempfile::tempdir().expect("tempdir");
     let again = dir.path().join("once.yaml");
     std::fs::write(&again, &once).expect("write");
-    let twice = stdout(succeeds(&run(&[
-        "inject",
-        "-f",
-        again.to_str().expect("UTF-8 path"),
-    ])));
+    // Every opted-in template is now left alone, and says so.
+    let twice = stdout(succeeds_noting(
+        &run(&["inject", "-f", again.to_str().expect("UTF-8 path")]),
+        &[
+            "Pod/web-debug: already injected with [log-shipper, proxy]: nothing to add",
+            "Deployment/web: already injected",
+            "StatefulSet/db: already injected",
+            "DaemonSet/node-agent: already injected",
+            "ReplicaSet/worker: already injected with [log-shipper]: nothing to add",
+            "ReplicationController/legacy: already injected",
+            "Job/migrate: already injected",
+            "CronJob/report: already injected",
+            WORKLOADS_LEFT_ALONE,
+        ],
+    ));
     assert_eq!(once, twice);
 }
 
@@ -214,7 +245,108 @@ fn inject_reads_standard_input() {
     let path = input("manifests/workloads.yaml");
     let from_file = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
     let from_stdin = run_with_stdin(&["inject", "-f", "-"], read(&path).as_bytes());
-    assert_eq!(stdout(succeeds(&from_stdin)), stdout(succeeds(&from_file)));
+    assert_eq!(
+        stdout(succeeds_noting(&from_stdin, &[WORKLOADS_LEFT_ALONE])),
+        stdout(succeeds_noting(&from_file, &[WORKLOADS_LEFT_ALONE]))
+    );
+}
+
+/// `kubectl get ... -o yaml|json | sidecar-injector inject -f -`: the items of the List kubectl
+/// prints are injected in place, and the opted-in one left alone is named on stderr.
+#[test]
+fn inject_reads_what_kubectl_get_prints() {
+    let mut outputs = Vec::new();
+    for file in [
+        "kubectl/get-deploy-sts-all-namespaces.yaml",
+        "kubectl/get-deploy-sts-all-namespaces.json",
+    ] {
+        let out = run_with_stdin(&["inject", "-f", "-"], read(&input(file)).as_bytes());
+        let injected = stdout(succeeds_noting(
+            &out,
+            &[
+                "Deployment/metrics-server: not injected: opted in, but namespace \"kube-system\" is excluded from injection",
+            ],
+        ));
+        let list = yaml(&injected);
+        assert_eq!(list["kind"], "List", "{file}: {injected}");
+        let items = list["items"].as_array().expect("items");
+        let by_name = |name: &str| {
+            items
+                .iter()
+                .find(|i| i["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{file}: no {name}"))
+        };
+        for name in ["web", "db"] {
+            let template = template_of(by_name(name));
+            assert!(
+                names(template, "containers").contains(&"log-shipper".to_owned()),
+                "{file}: {name}"
+            );
+            assert_eq!(
+                names(template, "initContainers"),
+                ["proxy"],
+                "{file}: {name}"
+            );
+        }
+        for name in ["coredns", "metrics-server"] {
+            assert!(
+                names(template_of(by_name(name)), "initContainers").is_empty(),
+                "{file}: {name}"
+            );
+        }
+        outputs.push(injected);
+    }
+    // The JSON List is read as YAML, and what is injected is written as YAML.
+    assert_eq!(outputs[0], outputs[1]);
+}
+
+/// Kinds the injector does not know, with a pod template at `spec.template`, are injected;
+/// one whose `spec.template` is opted in but holds no containers is named and left alone.
+#[test]
+fn inject_reads_any_kind_with_a_pod_template() {
+    let path = input("kubectl/get-dc-rollout-vm.yaml");
+    let out = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
+    let injected = stdout(succeeds_noting(
+        &out,
+        &[
+            "VirtualMachine/legacy-erp: not injected: its spec.template carries sidecar-injector.io/inject=\"true\", but it is not a pod template",
+        ],
+    ));
+    let before = yaml(&read(&path));
+    let after = yaml(&injected);
+    for (i, kind) in ["DeploymentConfig", "Rollout"].into_iter().enumerate() {
+        let item = &after["items"][i];
+        assert_eq!(item["kind"], kind);
+        assert_eq!(
+            names(template_of(item), "initContainers"),
+            ["proxy"],
+            "{kind}"
+        );
+        assert_eq!(
+            template_of(item)["metadata"]["annotations"]["sidecar-injector.io/status"]
+                .as_str()
+                .map(|s| s.contains("\"templates\":[\"log-shipper\",\"proxy\"]")),
+            Some(true),
+            "{kind}"
+        );
+    }
+    assert_eq!(
+        after["items"][2], before["items"][2],
+        "the VirtualMachine is kept"
+    );
+
+    let report = stdout(succeeds(&run(&[
+        "explain",
+        "-f",
+        path.to_str().expect("UTF-8 path"),
+    ])));
+    for expected in [
+        "DeploymentConfig/orders: injected with [log-shipper, proxy]",
+        "Rollout/checkout: injected with [log-shipper, proxy]",
+        "VirtualMachine/legacy-erp: not injected: its spec.template carries",
+    ] {
+        assert!(report.contains(expected), "{expected:?} not in:\n{report}");
+    }
 }
 
 // === review ===
@@ -309,7 +441,9 @@ fn explain_gives_every_reason() {
     let reasons = read(&input("manifests/reasons.yaml"));
     // One more document: a pod the injector already injected.
     let fresh = "apiVersion: v1\nkind: Pod\nmetadata: {name: done, namespace: shop, labels: {sidecar-injector.io/inject: \"true\"}}\nspec: {containers: [{name: app, image: nginx:1.27}]}\n";
-    let done = sidecar_injector::manifest::inject(&injector(), fresh, None).expect("injects");
+    let done = sidecar_injector::manifest::inject(&injector(), fresh, None)
+        .expect("injects")
+        .yaml;
     let text = format!("{reasons}---\n{done}");
     let out = run_with_stdin(&["explain", "-f", "-"], text.as_bytes());
     let report = stdout(succeeds(&out));
@@ -558,7 +692,7 @@ fn a_config_file_is_used() {
         "--config",
         config.to_str().expect("UTF-8 path"),
     ]);
-    let injected = stdout(succeeds(&out));
+    let injected = stdout(succeeds_noting(&out, &[WORKLOADS_LEFT_ALONE]));
     assert!(injected.contains("fluent-bit:9.9.9"), "{injected}");
     assert!(!injected.contains("fluent-bit:3.2.4"), "{injected}");
 }
@@ -618,11 +752,10 @@ fn webhooks(namespace: &str, pod: &Value) -> (Option<Value>, Value) {
 #[test]
 fn offline_injected_pods_pass_the_webhooks() {
     let path = input("manifests/workloads.yaml");
-    let injected = stdout(succeeds(&run(&[
-        "inject",
-        "-f",
-        path.to_str().expect("UTF-8 path"),
-    ])));
+    let injected = stdout(succeeds_noting(
+        &run(&["inject", "-f", path.to_str().expect("UTF-8 path")]),
+        &[WORKLOADS_LEFT_ALONE],
+    ));
     let mut checked = 0;
     for doc in split_documents(&injected).into_iter().map(yaml) {
         let namespace = doc["metadata"]["namespace"].as_str().unwrap_or("default");
@@ -870,7 +1003,10 @@ fn the_commands_agree_on_a_pod_the_api_server_refuses() {
     let manifest = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n  namespace: shop\n  labels: {sidecar-injector.io/inject: \"true\"}\nspec: {}\n";
     let out = run_with_stdin(&["inject", "-f", "-"], manifest.as_bytes());
     assert_eq!(
-        stdout(succeeds(&out)),
+        stdout(succeeds_noting(
+            &out,
+            &["Pod/x: not injected: opted in, but the pod has no spec.containers"]
+        )),
         manifest,
         "written back byte for byte"
     );

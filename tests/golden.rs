@@ -9,6 +9,9 @@
 //! - `tilde-*`: a configuration whose keys contain `/` and `~` (see [`tilde_injector`]);
 //! - `canary-*`: the default configuration with `revision: canary`.
 //!
+//! `tests/inputs/kubectl/` holds what `kubectl get ... -o yaml|json` prints (a `kind: List`),
+//! through `inject` and `explain` ([`kubectl`]).
+//!
 //! Every injector runs as if deployed in the namespace `sidecar-injector`.
 
 use std::collections::BTreeSet;
@@ -22,6 +25,7 @@ use sidecar_injector::config::{BUNDLED_TEMPLATES, DEFAULT_CONFIG, Injector};
 use sidecar_injector::inject::{Decision, Entry, PodFacts, decide, plan_edits};
 use sidecar_injector::review::{Outcome, Webhook, answer, answer_for};
 use sidecar_injector::view::{PodView, pod_json};
+use sidecar_injector::{explain, manifest};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
 
@@ -469,6 +473,155 @@ fn deny() {
         let problems = check_deny(&request, name.starts_with("warn-mode-"), outcome, &decoded);
         (decoded, problems)
     });
+}
+
+// === What kubectl prints ===
+
+/// The pod template of a workload as kubectl prints it: `spec.template`, or a CronJob's
+/// `spec.jobTemplate.spec.template`.
+fn workload_template(item: &Value) -> Option<&Value> {
+    item.pointer("/spec/jobTemplate/spec/template")
+        .or_else(|| item.pointer("/spec/template"))
+}
+
+fn without_workload_template(mut item: Value) -> Value {
+    for path in ["/spec/jobTemplate/spec/template", "/spec/template"] {
+        if let Some(t) = item.pointer_mut(path) {
+            *t = Value::Null;
+            break;
+        }
+    }
+    item
+}
+
+fn item_id(item: &Value) -> String {
+    format!(
+        "{}/{}",
+        item["kind"].as_str().unwrap_or(""),
+        item["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+/// What `inject` must do to the `kind: List` `input` that it turned into `output`, naming
+/// `left_alone` on stderr: the same List (its metadata, its items in their order); each item
+/// whose pod template carries the opt-in label either injected (sidecars and status annotation
+/// in its template, all else kept) or kept as it is and named; every other item kept.
+fn check_list(input: &Value, output: &Value, left_alone: &[String]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for key in ["apiVersion", "kind", "metadata"] {
+        if input[key] != output[key] {
+            problems.push(format!("the List's {key} changed: {}", output[key]));
+        }
+    }
+    let (Some(before), Some(after)) = (input["items"].as_array(), output["items"].as_array())
+    else {
+        return vec![format!("not a List with items: {output}")];
+    };
+    let ids = |items: &[Value]| items.iter().map(item_id).collect::<Vec<_>>();
+    if ids(before) != ids(after) {
+        problems.push(format!("items {:?} became {:?}", ids(before), ids(after)));
+        return problems;
+    }
+    for (old, new) in before.iter().zip(after) {
+        let id = item_id(old);
+        let named = left_alone.iter().any(|l| l.starts_with(&format!("{id}: ")));
+        let opted_in = workload_template(old)
+            .is_some_and(|t| t["metadata"]["labels"]["sidecar-injector.io/inject"] == "true");
+        if old == new {
+            if opted_in && !named {
+                problems.push(format!("{id} is opted in, left alone, and not named"));
+            }
+            if !opted_in && named {
+                problems.push(format!("{id} is not opted in, and named: {left_alone:?}"));
+            }
+            continue;
+        }
+        if !opted_in || named {
+            problems.push(format!(
+                "{id} changed (opted in: {opted_in}; named: {named})"
+            ));
+        }
+        let Some(template) = workload_template(new) else {
+            problems.push(format!("{id} lost its pod template"));
+            continue;
+        };
+        let containers = template["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten();
+        if !containers.into_iter().any(|c| c["name"] == "log-shipper") {
+            problems.push(format!("{id} changed but has no log-shipper"));
+        }
+        if template["metadata"]["annotations"]["sidecar-injector.io/status"].is_null() {
+            problems.push(format!("{id} changed but has no status annotation"));
+        }
+        if without_workload_template(old.clone()) != without_workload_template(new.clone()) {
+            problems.push(format!("{id} changed outside its pod template"));
+        }
+    }
+    problems
+}
+
+/// `kubectl get ... -o yaml|json` output under `tests/inputs/kubectl/`, through `inject` and
+/// `explain`: the snapshot is what `explain` says, what `inject` names on stderr and what it
+/// writes; injecting that output again changes nothing and names every opted-in template.
+#[test]
+fn kubectl() {
+    let inj = embedded();
+    let mut failures = Vec::new();
+    insta::glob!("inputs/kubectl/*.{json,yaml}", |path| {
+        let text = std::fs::read_to_string(path).expect("input is readable");
+        let name = file_name(path);
+        let input: Value = serde_saphyr::from_str(&text).expect("input is one YAML document");
+        let injected = manifest::inject(&inj, &text, None).expect("injects");
+        let output: Value =
+            serde_saphyr::from_str(&injected.yaml).expect("output is one YAML document");
+        let mut problems = check_list(&input, &output, &injected.left_alone);
+        let again = manifest::inject(&inj, &injected.yaml, None).expect("injects again");
+        if again.yaml != injected.yaml {
+            problems.push("injecting the output again changes it".into());
+        }
+        problems.extend(check_list(&output, &output, &again.left_alone));
+        for p in &problems {
+            failures.push(format!("kubectl/{name}: {p}"));
+        }
+        let report = explain::explain(&inj, &text, None).expect("explains");
+        let seen = format!(
+            "# explain\n{report}\n# inject: standard error\n{}\n\n# inject: standard output\n{}",
+            injected.left_alone.join("\n"),
+            injected.yaml
+        );
+        insta::assert_snapshot!("kubectl", seen);
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// kubectl's `-o json` and `-o yaml` of the same objects are injected alike.
+#[test]
+fn kubectl_json_and_yaml_agree() {
+    let inj = embedded();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs/kubectl");
+    let mut pairs = 0;
+    for entry in std::fs::read_dir(&dir).expect("inputs/kubectl") {
+        let json = entry.expect("entry").path();
+        if json.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let yaml = json.with_extension("yaml");
+        let inject = |path: &Path| {
+            let text = std::fs::read_to_string(path).expect("readable");
+            let injected = manifest::inject(&inj, &text, None).expect("injects");
+            let value: Value = serde_saphyr::from_str(&injected.yaml).expect("YAML");
+            (value, injected.left_alone)
+        };
+        assert_eq!(inject(&json), inject(&yaml), "{}", json.display());
+        pairs += 1;
+    }
+    assert!(
+        pairs > 0,
+        "no JSON input with a YAML twin in {}",
+        dir.display()
+    );
 }
 
 /// A snapshot whose input was renamed or deleted is never checked again: refuse it.

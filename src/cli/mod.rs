@@ -18,7 +18,7 @@ use crate::engine::inject::Entry;
 use crate::engine::review::Webhook;
 use crate::engine::{explain, manifest, policy, review};
 use crate::load::{ConfigArg, SelectionArgs};
-use stdio::{read_input, read_text, write_stdout};
+use stdio::{read_input, read_text, write_notes, write_stdout};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -35,7 +35,14 @@ pub struct Cli {
 pub enum Command {
     /// Serve the mutating (/mutate) and validating (/validate) webhooks over TLS.
     Serve(crate::server::ServeArgs),
-    /// Inject sidecars into manifests (multi-document YAML) and print the result.
+    /// Inject sidecars into manifests and print the result (YAML).
+    ///
+    /// Reads multi-document YAML or JSON, including the `kind: List` that `kubectl get -o
+    /// yaml|json` prints (its items are injected in place). Pods and pod templates are injected:
+    /// those of the workload kinds, and of any kind with a pod template (a `spec.containers`
+    /// list) at `spec.template` or `spec.jobTemplate.spec.template`. Other documents, and
+    /// documents with nothing to add, are written back byte for byte. Every opted-in pod or pod
+    /// template it leaves as it is gets a `note:` line on standard error with the reason.
     Inject(ManifestArgs),
     /// Answer a captured AdmissionReview exactly as the server would.
     Review {
@@ -55,6 +62,9 @@ pub enum Command {
     },
     /// Explain, for each pod or pod template, whether it is injected (by which rule) or why not,
     /// and what is added.
+    ///
+    /// Reads what `inject` reads, and judges the same objects: the items of a `kind: List`
+    /// one by one.
     Explain(ManifestArgs),
     /// Report the cluster's pods whose sidecars differ from what the configuration injects
     /// now, by workload; with --restart, roll those workloads. Exit status 3: something is
@@ -189,7 +199,8 @@ impl ExportArgs {
 /// What `inject` and `explain` read.
 #[derive(Debug, Args)]
 pub struct ManifestArgs {
-    /// Manifest file (multi-document YAML), or - for standard input.
+    /// Manifest file (multi-document YAML or JSON; a `kind: List` as `kubectl get -o yaml|json`
+    /// prints it), or - for standard input.
     #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
     pub file: PathBuf,
     /// Namespace for documents that name none: where they will be applied. Templates render
@@ -231,8 +242,11 @@ impl Cli {
             Command::Serve(args) => args.run(),
             Command::Inject(args) => {
                 let inj = args.config.load()?;
-                let output = manifest::inject_for(&inj, &read_text(&args.file)?, &args.target())?;
-                write_stdout(output.as_bytes())
+                let injected = manifest::inject_for(&inj, &read_text(&args.file)?, &args.target())?;
+                write_stdout(injected.yaml.as_bytes())?;
+                // After the output, so that it is whole before anyone reads why.
+                write_notes(&injected.left_alone);
+                Ok(())
             }
             Command::Review {
                 request,

@@ -1,5 +1,5 @@
 //! What a command reads (a file named on the command line, or standard input) and writes
-//! (standard output).
+//! (standard output, and notes on standard error).
 
 use std::io::{Read as _, Write as _};
 use std::path::Path;
@@ -28,4 +28,13 @@ pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
     out.write_all(bytes)?;
     out.flush()?;
     Ok(())
+}
+
+/// One `note:` line on standard error for each of `lines`. A note that cannot be written is
+/// lost, not an error: the command's output is already out.
+pub(crate) fn write_notes(lines: &[String]) {
+    let mut err = std::io::stderr().lock();
+    for line in lines {
+        let _ = writeln!(err, "note: {line}");
+    }
 }

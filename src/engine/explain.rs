@@ -1,9 +1,10 @@
-//! `explain`: for each pod or pod template, whether it is injected, why, and what is added.
+//! `explain`: for each pod or pod template (in a document or a `kind: List`), whether it is
+//! injected, why, and what is added.
 
 use std::fmt::Write as _;
 
 use crate::engine::config::Injector;
-use crate::engine::manifest::{Doc, DocOutcome, ManifestError, Target, process_for};
+use crate::engine::manifest::{DocOutcome, ManifestError, Object, Target, process_for};
 
 /// A human-readable report of what the injector does to each document.
 pub fn explain(
@@ -28,16 +29,13 @@ pub fn explain_for(
     target: &Target<'_>,
 ) -> Result<String, ManifestError> {
     let docs = process_for(inj, text, target)?;
+    let objects = || docs.iter().flat_map(|d| &d.objects);
     let mut out = String::new();
-    for doc in docs
-        .iter()
-        .filter(|d| !matches!(d.outcome, DocOutcome::Passthrough))
-    {
-        describe(inj, doc, &mut out);
+    for object in objects() {
+        describe(inj, object, &mut out);
     }
-    let passed = docs
-        .iter()
-        .filter(|d| matches!(d.outcome, DocOutcome::Passthrough))
+    let passed = objects()
+        .filter(|o| matches!(o.outcome, DocOutcome::Passthrough))
         .count();
     if passed > 0 {
         let _ = writeln!(
@@ -48,42 +46,20 @@ pub fn explain_for(
     Ok(out)
 }
 
-fn describe(inj: &Injector, doc: &Doc, out: &mut String) {
-    let _ = match &doc.outcome {
-        DocOutcome::Passthrough => Ok(()),
-        DocOutcome::NotOptedIn(why) => writeln!(out, "{}: not injected: {why}", doc.id),
-        DocOutcome::Skipped(reason) => {
-            writeln!(out, "{}: not injected: opted in, but {reason}", doc.id)
+fn describe(inj: &Injector, object: &Object, out: &mut String) {
+    let Some(verdict) = object.verdict(inj) else {
+        return;
+    };
+    let _ = writeln!(out, "{verdict}");
+    if let DocOutcome::Injected { changes, .. } = &object.outcome {
+        for change in changes {
+            let _ = writeln!(out, "  + {change}");
         }
-        DocOutcome::AlreadyInjected { templates } => writeln!(
-            out,
-            "{}: already injected with [{}]: nothing to add",
-            doc.id,
-            templates.join(", ")
-        ),
-        DocOutcome::Failed(error) => writeln!(out, "{}: cannot be injected: {error}", doc.id),
-        DocOutcome::Injected {
-            entry,
-            templates,
-            changes,
-        } => {
+        if object.namespace_guessed {
             let _ = writeln!(
                 out,
-                "{}: injected with [{}] (opted in by {}); it would get:",
-                doc.id,
-                templates.join(", "),
-                entry.describe(inj)
+                "  (rendered for namespace \"default\": it names none; pass -n NAMESPACE for where it will be applied)"
             );
-            for change in changes {
-                let _ = writeln!(out, "  + {change}");
-            }
-            if doc.namespace_guessed {
-                let _ = writeln!(
-                    out,
-                    "  (rendered for namespace \"default\": it names none; pass -n NAMESPACE for where it will be applied)"
-                );
-            }
-            Ok(())
         }
-    };
+    }
 }
