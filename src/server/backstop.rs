@@ -4,7 +4,8 @@
 //! export of the configuration this server serves, so it is applied by the server itself: at
 //! start, after every reload, and at every re-check (`--reload-interval`), whenever the
 //! objects in the cluster are not the export of the configuration served (another digest in
-//! their `sidecar-injector.io/config` annotation, or missing). Every replica does so; replicas
+//! their `sidecar-injector.io/config` annotation, or missing), and every five minutes anyway
+//! (undoing a hand edit that kept the annotation; an apply that changes nothing writes nothing). Every replica does so; replicas
 //! serving different configurations for a moment (a rollout, a ConfigMap edit reaching the
 //! pods one after the other) may each apply theirs, and that is harmless: the backstop holds a
 //! pod to its contract only when the pod was injected under the same configuration or not at
@@ -35,6 +36,10 @@ const MANAGER: &str = "sidecar-injector";
 const POD_NAME_ENV: &str = "SIDECAR_INJECTOR_POD_NAME";
 /// First delay after a failure; doubled each time, up to the re-check interval.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
+/// How often the objects are applied even when their annotation says they are in step, so
+/// that a hand edit that kept the annotation is undone (an apply that changes nothing writes
+/// nothing).
+const REAPPLY: Duration = Duration::from_secs(300);
 
 /// What `serve --backstop` keeps in step, and how.
 #[derive(Clone, Debug)]
@@ -61,7 +66,9 @@ pub async fn run(state: Arc<State>, backstop: Backstop) {
     let mut retry = FIRST_RETRY;
     let mut reported: Option<String> = None;
     let mut client = None;
+    let mut applied_at: Option<tokio::time::Instant> = None;
     loop {
+        let force = applied_at.is_none_or(|at| at.elapsed() >= REAPPLY);
         let inj = state.injector.load_full();
         let policy = format!("{}-backstop", policy::base_name(&inj));
         let outcome = async {
@@ -73,11 +80,14 @@ pub async fn run(state: Arc<State>, backstop: Backstop) {
                         .context("no Kubernetes client (in-cluster service account or KUBECONFIG)")?,
                 ),
             };
-            sync(client, &inj, &backstop).await
+            sync(client, &inj, &backstop, force).await
         }
         .await;
         let wait = match outcome {
             Ok(result) => {
+                if result == "applied" {
+                    applied_at = Some(tokio::time::Instant::now());
+                }
                 state.metrics.backstop_sync(&policy, result);
                 if result == "applied" {
                     tracing::info!(%policy, config = %inj.digest, "backstop applied: it is the export of the configuration served");
@@ -110,12 +120,13 @@ pub async fn run(state: Arc<State>, backstop: Backstop) {
     }
 }
 
-/// One check: `unchanged` when every object is the export of `inj`, else `applied` once they
-/// are.
+/// One check: `unchanged` when every object is the export of `inj` (and `force` is not
+/// set), else `applied` once they are.
 async fn sync(
     client: &kube::Client,
     inj: &Injector,
     backstop: &Backstop,
+    force: bool,
 ) -> anyhow::Result<&'static str> {
     let docs = policy::backstop(inj, &backstop.selection, backstop.check_images)
         .context("cannot export the backstop of the configuration served")?;
@@ -154,7 +165,7 @@ async fn sync(
             in_step = false;
         }
     }
-    if in_step {
+    if in_step && !force {
         return Ok("unchanged");
     }
     let owner = match &backstop.owner {
