@@ -28,7 +28,8 @@ HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
 [[ $# -eq 1 && "$1" != -* ]] || { sed -n '2,13p' "$0" >&2; exit 2; }
 WORKDIR=$(cp_abspath "$1")
 TIMEOUT="${CONTROL_PLANE_TIMEOUT:-180}"
-SERVICE_CIDR="10.0.0.0/24" # allocation range only: nothing here ever dials it
+SERVICE_CIDR="10.0.0.0/24" # allocation range; only the `kubernetes` Service's address is dialled (by pods, with a node)
+KUBERNETES_SERVICE_IP="10.0.0.1"
 NODE_IP="${CONTROL_PLANE_NODE_IP:-}"
 NODE_NAME="${CONTROL_PLANE_NODE_NAME:-e2e-node}"
 if [[ -n "$NODE_IP" ]]; then
@@ -128,8 +129,10 @@ new_cert() { # name ca subject extendedKeyUsage [subjectAltName]
 }
 new_ca ca "sidecar-injector-e2e-ca"
 new_ca client-ca "sidecar-injector-e2e-client-ca"
+# With a node, pods reach the API server as in any cluster: at the `kubernetes` Service's
+# cluster IP (the first of SERVICE_CIDR), which e2e/node/node.sh forwards to it.
 new_cert apiserver ca "/CN=kube-apiserver" serverAuth \
-  "IP:127.0.0.1,${NODE_IP:+IP:$NODE_IP,}DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+  "IP:127.0.0.1,${NODE_IP:+IP:$NODE_IP,IP:$KUBERNETES_SERVICE_IP,}DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
 new_cert admin client-ca "/O=system:masters/CN=e2e-admin" clientAuth
 if [[ -n "$NODE_IP" ]]; then
   # The kubelet's identity (the Node authorizer knows it by this group and name), and the
@@ -223,6 +226,9 @@ AUTHZ=RBAC
 if [[ -n "$NODE_IP" ]]; then
   AUTHZ=Node,RBAC
   APISERVER_NODE_FLAGS=(
+    # Every address of the run's own network namespace (loopback and the node's): pods reach it
+    # at the node address, through the `kubernetes` Service's cluster IP (e2e/node/node.sh).
+    --bind-address=0.0.0.0
     --advertise-address="$NODE_IP"
     --enable-aggregator-routing=true
     --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt"
@@ -230,7 +236,7 @@ if [[ -n "$NODE_IP" ]]; then
     --kubelet-preferred-address-types=InternalIP
   )
 else
-  APISERVER_NODE_FLAGS=(--advertise-address=127.0.0.1)
+  APISERVER_NODE_FLAGS=(--bind-address=127.0.0.1 --advertise-address=127.0.0.1)
 fi
 if [[ -n "$ADMISSION_PLUGINS" ]]; then
   APISERVER_NODE_FLAGS+=(--enable-admission-plugins="$ADMISSION_PLUGINS")
@@ -247,7 +253,6 @@ fi
 # ...); --enable-admission-plugins only adds. Never pass an empty --admission-control.
 start kube-apiserver "$BIN_DIR/kube-apiserver" \
   --etcd-servers="$ETCD_URL" \
-  --bind-address=127.0.0.1 \
   "${APISERVER_NODE_FLAGS[@]}" \
   --secure-port="$APISERVER_PORT" \
   --cert-dir="$PKI" \
@@ -295,6 +300,7 @@ export CONTROL_PLANE_WORKDIR='$WORKDIR'
 export CONTROL_PLANE_BIN_DIR='$BIN_DIR'
 export KUBECONFIG='$WORKDIR/kubeconfig'
 export APISERVER_URL='$APISERVER_URL'
+export KUBERNETES_SERVICE_IP='$KUBERNETES_SERVICE_IP'
 export AUDIT_LOG='$WORKDIR/audit.log'
 export ETCD_URL='$ETCD_URL'
 export KCM_URL='https://127.0.0.1:$KCM_PORT'

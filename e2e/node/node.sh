@@ -222,6 +222,13 @@ up() { # workdir images_dir
   [[ -f "$W/env" ]] || die "no $W/env: start the control plane first"
   # shellcheck source=/dev/null
   . "$W/env"
+  # What kube-proxy does for the `kubernetes` Service: its cluster IP, port 443, goes to the
+  # API server on the node's address, so that pods reach the API as in any cluster (the
+  # injector applies its backstop there). Inside this namespace only.
+  local port=${APISERVER_URL##*:}
+  iptables -t nat -A PREROUTING -d "${KUBERNETES_SERVICE_IP:?}" -p tcp --dport 443 \
+    -j DNAT --to-destination "$NODE_IP:$port" ||
+    die "cannot forward the kubernetes Service's address to the API server (iptables nat)"
   write_containerd_config "$W"
   start_proc "$W" containerd containerd --config "$W/containerd/config.toml"
   wait_until 30 "containerd" CTR version
