@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Pods admitted a second through a real API server, three roads in one run: no mutation, the
-# MutatingAdmissionPolicy `sidecar-injector export mutating` writes, and the webhook serving
-# the same configuration (e2e/policy/config.yaml: the log shipper and a native sidecar).
+# Pods admitted a second through a real API server, four roads in one run: no mutation, the
+# MutatingAdmissionPolicy `sidecar-injector export mutating` writes, the webhook serving the
+# same configuration (e2e/policy/config.yaml: the log shipper and a native sidecar), and the
+# webhook with the backstop (`export backstop`) checking every pod it admits.
 # Everything on 127.0.0.1: a local control plane (e2e/control-plane/up.sh), the release server
 # with its development certificate, the e2e crate's admission_rate example as the client.
 #   bench/admission.sh            (K8S_VERSION, default v1.37.2; ROUNDS 3; PODS 1000; CONCURRENCY 8)
@@ -60,6 +61,19 @@ for d in docs:
 yaml.safe_dump_all(docs, open(sys.argv[1], "w"))
 PY
 kubectl apply -f "$WORKDIR/policy.yaml" >/dev/null
+# The backstop of the same configuration (what `serve --backstop` applies), on the fourth road,
+# whose pods the webhook injects too: the difference to the webhook road is what it costs.
+"$BIN" export backstop --config e2e/policy/config.yaml >"$WORKDIR/backstop.yaml"
+python3 - "$WORKDIR/backstop.yaml" <<'PY'
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+for d in docs:
+    if d["kind"].endswith("Binding"):
+        d["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"].append(
+            {"key": "road", "operator": "In", "values": ["backstop"]})
+yaml.safe_dump_all(docs, open(sys.argv[1], "w"))
+PY
+kubectl apply -f "$WORKDIR/backstop.yaml" >/dev/null
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: admissionregistration.k8s.io/v1
 kind: MutatingWebhookConfiguration
@@ -70,29 +84,33 @@ webhooks:
     clientConfig: {url: "https://127.0.0.1:$PORT/mutate", caBundle: "$CA"}
     rules: [{apiGroups: [""], apiVersions: [v1], operations: [CREATE], resources: [pods]}]
     objectSelector: {matchLabels: {sidecar-injector.io/inject: "true"}}
-    namespaceSelector: {matchLabels: {road: webhook}}
+    namespaceSelector: {matchExpressions: [{key: road, operator: In, values: [webhook, backstop]}]}
     sideEffects: None
     reinvocationPolicy: IfNeeded
     failurePolicy: Fail
     timeoutSeconds: 5
 YAML
-for road in none policy webhook; do
+for road in none policy webhook backstop; do
   kubectl create namespace "bench-$road" >/dev/null
   kubectl label namespace "bench-$road" road="$road" >/dev/null
 done
 until kubectl get serviceaccount default -n bench-webhook >/dev/null 2>&1 &&
   kubectl create --dry-run=server -n bench-policy -f - -o jsonpath='{.metadata.annotations}' <<<'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"a","image":"x"}]}}' 2>/dev/null | grep -q status &&
-  kubectl create --dry-run=server -n bench-webhook -f - -o jsonpath='{.metadata.annotations}' <<<'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"a","image":"x"}]}}' 2>/dev/null | grep -q status; do
+  kubectl create --dry-run=server -n bench-webhook -f - -o jsonpath='{.metadata.annotations}' <<<'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"a","image":"x"}]}}' 2>/dev/null | grep -q status &&
+  kubectl create --dry-run=server -n bench-backstop -f - -o jsonpath='{.metadata.annotations}' <<<'{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","labels":{"sidecar-injector.io/inject":"true"}},"spec":{"containers":[{"name":"a","image":"x"}]}}' 2>/dev/null | grep -q status; do
   sleep 0.5
 done
+# The backstop admits what the webhook injects, so no probe tells it loaded: the API server
+# loads a new policy within a second or two.
+sleep 3
 declare -A RATES
 for round in $(seq 1 "$ROUNDS"); do
-  for road in none policy webhook; do
+  for road in none policy webhook backstop; do
     out=$("$RATE" "bench-$road" "$PODS" "$CONCURRENCY")
     echo "round $round $road $out"
     RATES[$road]+="$(sed -n 's/.*rate=\([0-9]*\).*/\1/p' <<<"$out") "
   done
 done
-for road in none policy webhook; do
+for road in none policy webhook backstop; do
   echo "median $road $(tr ' ' '\n' <<<"${RATES[$road]}" | sed '/^$/d' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}') pods/s"
 done
