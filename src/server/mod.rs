@@ -117,8 +117,8 @@ pub struct ServeArgs {
 pub struct BackstopArgs {
     /// Keep the backstop (the ValidatingAdmissionPolicy and bindings `export backstop` writes)
     /// in step with the configuration served: applied (server-side apply) at start, after
-    /// every reload, and whenever a re-check (--reload-interval) finds it missing or exported
-    /// from another configuration. Needs rights on those objects (the chart grants them, by
+    /// every reload, whenever a re-check (--reload-interval) finds it missing or exported from
+    /// another configuration, and every 5 minutes anyway (undoing a hand edit). Needs rights on those objects (the chart grants them, by
     /// name); a failure is retried, logged and shown by sidecar_injector_backstop_in_step == 0.
     #[arg(long = "backstop", env = "SIDECAR_INJECTOR_BACKSTOP")]
     pub enabled: bool,
