@@ -240,7 +240,9 @@ fn config_digest(config: &ConfigFile, templates: &TemplateSet) -> String {
             serde_json::Value::Object(map) => {
                 let mut entries: Vec<_> = map.into_iter().collect();
                 entries.sort_by(|a, b| a.0.cmp(&b.0));
-                serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+                serde_json::Value::Object(
+                    entries.into_iter().map(|(k, v)| (k, sorted(v))).collect(),
+                )
             }
             serde_json::Value::Array(items) => {
                 serde_json::Value::Array(items.into_iter().map(sorted).collect())
@@ -263,7 +265,10 @@ fn config_digest(config: &ConfigFile, templates: &TemplateSet) -> String {
         put(name.as_bytes());
         put(templates.source(name).unwrap_or("").as_bytes());
     }
-    h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// The value of the inject label on a namespace that opts all its pods in.
@@ -313,7 +318,9 @@ mod tests {
         let other_value = reordered.replace("port: 15001", "port: 15002");
         assert_ne!(load(&other_value, bundled_templates(), "a"), base);
         let mut edited = bundled_templates();
-        edited[0].1.push_str("\n# a comment changes the template's source\n");
+        edited[0]
+            .1
+            .push_str("\n# a comment changes the template's source\n");
         assert_ne!(load(DEFAULT_CONFIG, edited, "a"), base);
     }
 
