@@ -72,14 +72,13 @@ pub async fn run(state: Arc<State>, backstop: Backstop) {
         let inj = state.injector.load_full();
         let policy = format!("{}-backstop", policy::base_name(&inj));
         let outcome = async {
-            let client = match &client {
-                Some(c) => c,
-                None => client.insert(
-                    kube::Client::try_default()
-                        .await
-                        .context("no Kubernetes client (in-cluster service account or KUBECONFIG)")?,
-                ),
-            };
+            let client =
+                match &client {
+                    Some(c) => c,
+                    None => client.insert(kube::Client::try_default().await.context(
+                        "no Kubernetes client (in-cluster service account or KUBECONFIG)",
+                    )?),
+                };
             sync(client, &inj, &backstop, force).await
         }
         .await;
@@ -132,8 +131,10 @@ async fn sync(
         .context("cannot export the backstop of the configuration served")?;
     let policies: Api<DynamicObject> =
         Api::all_with(client.clone(), &resource("ValidatingAdmissionPolicy"));
-    let bindings: Api<DynamicObject> =
-        Api::all_with(client.clone(), &resource("ValidatingAdmissionPolicyBinding"));
+    let bindings: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &resource("ValidatingAdmissionPolicyBinding"),
+    );
     let api_of = |doc: &Value| match doc["kind"].as_str() {
         Some("ValidatingAdmissionPolicy") => &policies,
         _ => &bindings,
@@ -227,7 +228,8 @@ async fn warn_event(client: &kube::Client, policy: &str, message: &str) {
     else {
         return;
     };
-    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let event: k8s_openapi::api::core::v1::Event = match serde_json::from_value(json!({
         "metadata": {"generateName": format!("{pod}.backstop-")},
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
@@ -242,7 +244,8 @@ async fn warn_event(client: &kube::Client, policy: &str, message: &str) {
         Ok(event) => event,
         Err(error) => return tracing::warn!(%error, "cannot write the backstop event"),
     };
-    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), &namespace);
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(client.clone(), &namespace);
     if let Err(error) = events.create(&PostParams::default(), &event).await {
         tracing::warn!(%error, "cannot record the backstop event");
     }

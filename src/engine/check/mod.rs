@@ -15,7 +15,15 @@ pub mod probe;
 pub mod tls;
 pub mod webhooks;
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use serde::Serialize;
+
+use crate::engine::config::Injector;
+use crate::engine::inject::revision_name;
 
 /// What a check found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -138,6 +146,15 @@ impl<T> Got<T> {
         }
     }
 
+    /// The same absence, for another type; `Found` becomes `Missing` (the caller has handled it).
+    pub fn absent<U>(self) -> Got<U> {
+        match self {
+            Self::Found(_) | Self::Missing => Got::Missing,
+            Self::Forbidden(r) => Got::Forbidden(r),
+            Self::Failed(e) => Got::Failed(e),
+        }
+    }
+
     pub fn found(&self) -> Option<&T> {
         match self {
             Self::Found(t) => Some(t),
@@ -209,6 +226,170 @@ impl Report {
         ));
         out
     }
+}
+
+/// Everything read of the cluster for one run (see `crate::cli::check`).
+#[derive(Debug)]
+pub struct Observed {
+    pub installation: Installation,
+    /// Where the dry-run pod is created.
+    pub pod_namespace: String,
+    /// Seconds since the epoch, for certificate validity.
+    pub now: u64,
+    /// A certificate with fewer days left is a warning.
+    pub warn_days: u32,
+    /// The configuration in the release's ConfigMap.
+    pub config: Got<Injector>,
+    pub mutating: Got<MutatingWebhookConfiguration>,
+    pub validating: Got<ValidatingWebhookConfiguration>,
+    pub endpoints: Vec<webhooks::ServiceEndpoints>,
+    /// The chain served behind each webhook target, by [`target_key`].
+    pub served: BTreeMap<String, tls::Served>,
+    /// `None` when the configuration could not be read (nothing to compare with).
+    pub backstop: Option<backstop::Seen>,
+    /// `None` when the configuration could not be read (no probe to make).
+    pub dry_run: Option<probe::Answer>,
+    pub all_mutating: Got<Vec<MutatingWebhookConfiguration>>,
+}
+
+/// Where a webhook entry's server is, as a key of [`Observed::served`], and the name the API
+/// server verifies its certificate as: `<service>.<namespace>.svc`, or the url's host.
+pub fn target_key(cc: &WebhookClientConfig) -> Option<(String, String)> {
+    match (&cc.service, &cc.url) {
+        (Some(s), _) => Some((
+            format!("service {}/{}", s.namespace, s.name),
+            format!("{}.{}.svc", s.name, s.namespace),
+        )),
+        (None, Some(url)) => {
+            let (host, port) = tls::url_host_port(url)?;
+            Some((format!("url {host}:{port}"), host))
+        }
+        (None, None) => None,
+    }
+}
+
+/// The report of a run, every check in order.
+pub fn judge(o: &Observed) -> Report {
+    let inst = &o.installation;
+    let mut out = Vec::new();
+    let config_subject = format!("ConfigMap {}", inst.release);
+    match &o.config {
+        Got::Found(inj) => out.push(Finding::pass(
+            "config",
+            config_subject,
+            format!(
+                "configuration {} ({}, default templates {})",
+                inj.digest,
+                revision_name(&inj.config.revision),
+                inj.config.default_templates.join(", ")
+            ),
+        )),
+        got => out.extend(unread(got, "config", &config_subject).map(|f| match got {
+            Got::Missing => f.fix(format!(
+                "is the release {} installed in namespace {}? (--release, --namespace)",
+                inst.release, inst.namespace
+            )),
+            _ => f,
+        })),
+    }
+    let inject_label = o.config.found().map_or("sidecar-injector.io/inject", |i| {
+        i.config.inject_label.as_str()
+    });
+    let expect = webhooks::Expect {
+        inject_label,
+        release_namespace: &inst.namespace,
+    };
+    let mutating: Got<Vec<webhooks::Entry>> = match &o.mutating {
+        Got::Found(c) => Got::Found(webhooks::mutating_entries(c)),
+        other => other.as_ref().absent(),
+    };
+    let validating: Got<Vec<webhooks::Entry>> = match &o.validating {
+        Got::Found(c) => Got::Found(webhooks::validating_entries(c)),
+        other => other.as_ref().absent(),
+    };
+    for (kind, got) in [
+        ("MutatingWebhookConfiguration", &mutating),
+        ("ValidatingWebhookConfiguration", &validating),
+    ] {
+        out.extend(webhooks::configuration(kind, &inst.release, got, &expect));
+    }
+    if let (Some(m), Some(v)) = (mutating.found(), validating.found()) {
+        out.extend(webhooks::pairing(&inst.release, m, v, &expect));
+    }
+    let every: Vec<&webhooks::Entry> = mutating
+        .found()
+        .into_iter()
+        .chain(validating.found())
+        .flatten()
+        .collect();
+    let (_, urls) = webhooks::services(&every);
+    out.extend(webhooks::endpoints(&o.endpoints, &urls, &inst.release));
+
+    let injected = matches!(
+        (&o.dry_run, &o.config),
+        (Some(answer @ probe::Answer::Admitted(_)), Got::Found(inj))
+            if probe::judge(inj, &o.pod_namespace, &probe::expected_sidecars(inj, &o.pod_namespace), answer).state == State::Pass
+    );
+    for (kind, got) in [
+        ("MutatingWebhookConfiguration", &mutating),
+        ("ValidatingWebhookConfiguration", &validating),
+    ] {
+        let Some(entries) = got.found() else { continue };
+        // One line per configuration and target: the chart's entries share both.
+        let mut done = BTreeSet::new();
+        for e in entries {
+            let Some((key, server_name)) = target_key(&e.client_config) else {
+                continue;
+            };
+            let bundle = e.client_config.ca_bundle.as_ref().map(|b| b.0.clone());
+            if !done.insert((key.clone(), bundle.clone())) {
+                continue;
+            }
+            let Some(served) = o.served.get(&key) else {
+                continue;
+            };
+            out.push(tls::ca_bundle(
+                &format!("{kind} {}", inst.release),
+                bundle.as_deref(),
+                served,
+                &server_name,
+                o.now,
+                injected,
+            ));
+        }
+    }
+    for served in o.served.values() {
+        out.extend(tls::expiry(served, o.now, o.warn_days));
+    }
+
+    if let (Got::Found(inj), Some(seen)) = (&o.config, &o.backstop) {
+        out.extend(backstop::judge(
+            &format!("{}-backstop", crate::engine::policy::base_name(inj)),
+            &inj.digest,
+            seen,
+        ));
+    }
+    if let (Got::Found(inj), Some(answer)) = (&o.config, &o.dry_run) {
+        let expected = probe::expected_sidecars(inj, &o.pod_namespace);
+        out.push(probe::judge(inj, &o.pod_namespace, &expected, answer));
+    }
+    let labels: BTreeMap<String, String> = o
+        .config
+        .found()
+        .map(probe::pod)
+        .and_then(|p| serde_json::from_value(p["metadata"]["labels"].clone()).ok())
+        .unwrap_or_default();
+    let ours = mutating
+        .found()
+        .and_then(|m| m.first())
+        .and_then(|e| e.reinvocation_policy.clone());
+    out.extend(webhooks::others(
+        &o.all_mutating,
+        &inst.release,
+        &labels,
+        ours.as_deref(),
+    ));
+    Report::new(inst.clone(), out)
 }
 
 #[cfg(test)]

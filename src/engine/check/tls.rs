@@ -14,14 +14,16 @@ use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use super::{Finding, Got, State};
 
-/// Below this many days left, an expiry is a warning.
-pub const WARN_DAYS: i64 = 14;
+/// Below this many days left, an expiry is a warning (`check --expiry-warning-days`).
+pub const WARN_DAYS: u32 = 14;
 
 /// A certificate chain a server serves, and where it was read.
 #[derive(Clone, Debug)]
 pub struct Served {
-    /// `Secret sidecar-injector/sidecar-injector-tls` or `TLS handshake with 127.0.0.1:8443`.
+    /// `Secret sidecar-injector/sidecar-injector-tls` or `the server at 127.0.0.1:8443`.
     pub source: String,
+    /// Read from a Secret the chart's Deployment mounts (not from a handshake).
+    pub from_secret: bool,
     /// DER, the server's own certificate first.
     pub chain: Got<Vec<Vec<u8>>>,
 }
@@ -185,7 +187,7 @@ pub fn ca_bundle(
             "certificate",
             subject,
             format!(
-                "verifies the certificate served for {server_name} ({})",
+                "verifies the certificate served for {server_name} (read from {})",
                 served.source
             ),
         ),
@@ -193,7 +195,7 @@ pub fn ca_bundle(
             "certificate",
             subject,
             format!(
-                "does not verify the certificate served for {server_name} ({}): {error}",
+                "does not verify the certificate served for {server_name} (read from {}): {error}",
                 served.source
             ),
         )
@@ -201,9 +203,9 @@ pub fn ca_bundle(
     }
 }
 
-/// Check 3, expiry: when the served certificate ends. `None` when nothing was read (the
-/// caBundle finding says why).
-pub fn expiry(served: &Served, now: u64) -> Option<Finding> {
+/// Check 3, expiry: when the served certificate ends; a warning under `warn_days` days left.
+/// `None` when nothing was read (the caBundle finding says why).
+pub fn expiry(served: &Served, now: u64, warn_days: u32) -> Option<Finding> {
     let chain = served.chain.found()?;
     let subject = format!("certificate of {}", served.source);
     let end = chain.first()?;
@@ -216,23 +218,21 @@ pub fn expiry(served: &Served, now: u64) -> Option<Finding> {
     let when = k8s_openapi::jiff::Timestamp::from_second(not_after)
         .map(|t| t.strftime("%Y-%m-%d %H:%M UTC").to_string())
         .unwrap_or_else(|_| not_after.to_string());
-    Some(if left <= 0 {
-        Finding::fail("expiry", subject, format!("{name} expired on {when}"))
-            .fix("renew it (selfSigned: delete the Secret and helm upgrade; cert-manager renews by itself: see its Certificate's status)")
-    } else if days < WARN_DAYS {
-        Finding::new(
-            "expiry",
-            State::Warn,
-            subject,
-            format!("{name} expires on {when}, in {days} days"),
-        )
-        .fix("renew it before then (selfSigned: delete the Secret and helm upgrade)")
+    let renew = if served.from_secret {
+        "renew it (certificates.mode=selfSigned: delete the Secret and helm upgrade; cert-manager renews by itself: see its Certificate's status)"
     } else {
-        Finding::pass(
-            "expiry",
-            subject,
-            format!("{name} expires on {when}, in {days} days"),
-        )
+        "renew the server's certificate (the server reloads it in place)"
+    };
+    let in_days = format!(
+        "{name} expires on {when}, in {days} day{}",
+        if days == 1 { "" } else { "s" }
+    );
+    Some(if left <= 0 {
+        Finding::fail("expiry", subject, format!("{name} expired on {when}")).fix(renew)
+    } else if days < i64::from(warn_days) {
+        Finding::new("expiry", State::Warn, subject, in_days).fix(renew)
+    } else {
+        Finding::pass("expiry", subject, in_days)
     })
 }
 
@@ -270,6 +270,7 @@ mod tests {
     fn served(chain: Vec<Vec<u8>>) -> Served {
         Served {
             source: "Secret si/sidecar-injector-tls".into(),
+            from_secret: true,
             chain: Got::Found(chain),
         }
     }
@@ -314,7 +315,7 @@ mod tests {
     fn expiry_warns_under_two_weeks_and_fails_when_past() {
         let p = pki("a.b.svc");
         assert_eq!(describe(&p.chain[0]).map(|d| d.1), Ok(END as i64));
-        let soon = expiry(&served(p.chain.clone()), END - 3 * DAY).expect("a finding");
+        let soon = expiry(&served(p.chain.clone()), END - 3 * DAY, WARN_DAYS).expect("a finding");
         assert_eq!(soon.state, State::Warn, "{}", soon.line());
         assert!(
             soon.message
@@ -322,9 +323,10 @@ mod tests {
             "{}",
             soon.message
         );
-        let past = expiry(&served(p.chain.clone()), END + DAY).expect("a finding");
+        let past = expiry(&served(p.chain.clone()), END + DAY, WARN_DAYS).expect("a finding");
         assert_eq!(past.state, State::Fail, "{}", past.line());
-        let later = expiry(&served(p.chain.clone()), END - 100 * DAY).expect("a finding");
+        let later =
+            expiry(&served(p.chain.clone()), END - 100 * DAY, WARN_DAYS).expect("a finding");
         assert_eq!(later.state, State::Pass);
         // An expired certificate does not verify either.
         let v = ca_bundle(
@@ -341,7 +343,8 @@ mod tests {
     #[test]
     fn an_unreachable_url_fails_unless_the_api_server_reached_it() {
         let s = Served {
-            source: "TLS handshake with 127.0.0.1:8443".into(),
+            source: "the server at 127.0.0.1:8443".into(),
+            from_secret: false,
             chain: Got::Failed("connection refused".into()),
         };
         assert_eq!(
@@ -352,7 +355,14 @@ mod tests {
             ca_bundle("M", Some(b"x"), &s, "127.0.0.1", END, true).state,
             State::Warn
         );
-        assert!(expiry(&s, END).is_none());
+        assert!(expiry(&s, END, WARN_DAYS).is_none());
+        // One day left is fine when asked to warn under one.
+        let p = pki("a.b.svc");
+        let one = expiry(&served(p.chain), END - DAY - 60, 1).expect("a finding");
+        assert_eq!(
+            one.line(),
+            "✓ certificate of Secret si/sidecar-injector-tls: CN=rcgen self signed cert expires on 2030-01-01 00:00 UTC, in 1 day"
+        );
     }
 
     #[test]

@@ -363,6 +363,7 @@ pub fn pairing(
 }
 
 /// A Service the webhooks call, and what was read of its EndpointSlices.
+#[derive(Debug)]
 pub struct ServiceEndpoints {
     pub namespace: String,
     pub name: String,
@@ -423,11 +424,29 @@ pub fn endpoints(seen: &[ServiceEndpoints], urls: &[String], release: &str) -> V
             )
         });
     }
+    // One line per server: the chart's entries differ only in their paths.
+    let mut servers: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for url in urls {
+        let (server, path) = match url.find("://").map(|i| i + 3) {
+            Some(start) => match url[start..].find('/') {
+                Some(slash) => url.split_at(start + slash),
+                None => (url.as_str(), ""),
+            },
+            None => (url.as_str(), ""),
+        };
+        servers
+            .entry(server.to_owned())
+            .or_default()
+            .push(path.to_owned());
+    }
+    for (server, paths) in servers {
         out.push(Finding::skip(
             "endpoints",
             "Service",
-            format!("the webhooks call {url} (url mode): there is no Service; the certificate check below dials it"),
+            format!(
+                "the webhooks call {server} (url mode: {}): there is no Service to look at; the certificate check below dials it",
+                paths.join(", ")
+            ),
         ));
     }
     out
@@ -732,12 +751,22 @@ mod tests {
             two[0].line(),
             "✓ Service sidecar-injector: 2 ready endpoints"
         );
-        let url = endpoints(&[], &["https://127.0.0.1:8443/mutate".into()], "r");
+        let url = endpoints(
+            &[],
+            &[
+                "https://127.0.0.1:8443/mutate".into(),
+                "https://127.0.0.1:8443/validate".into(),
+            ],
+            "r",
+        );
+        assert_eq!(url.len(), 1);
         assert_eq!(url[0].state, State::Skip);
         assert!(
             url[0]
                 .message
-                .contains("https://127.0.0.1:8443/mutate (url mode)")
+                .contains("https://127.0.0.1:8443 (url mode: /mutate, /validate)"),
+            "{}",
+            url[0].message
         );
     }
 
