@@ -910,8 +910,17 @@ async fn n07_prometheus_sees_the_injector_and_alerts_when_it_is_gone() -> anyhow
 }
 
 /// Runs `E2E_INJECTOR_CTL` (`stop` or `start`) for another release of the chart.
-async fn release_ctl(cx: &Ctx, action: &str, release_ns: &str, release: &str) -> anyhow::Result<()> {
-    let ctl = cx.env.injector_ctl.as_ref().context("no E2E_INJECTOR_CTL")?;
+async fn release_ctl(
+    cx: &Ctx,
+    action: &str,
+    release_ns: &str,
+    release: &str,
+) -> anyhow::Result<()> {
+    let ctl = cx
+        .env
+        .injector_ctl
+        .as_ref()
+        .context("no E2E_INJECTOR_CTL")?;
     let status = tokio::process::Command::new(ctl)
         .arg(action)
         .env("E2E_RELEASE_NAMESPACE", release_ns)
@@ -919,7 +928,11 @@ async fn release_ctl(cx: &Ctx, action: &str, release_ns: &str, release: &str) ->
         .env("E2E_REPLICAS", "1")
         .status()
         .await?;
-    ensure!(status.success(), "{} {action} of {release} failed: {status}", ctl.display());
+    ensure!(
+        status.success(),
+        "{} {action} of {release} failed: {status}",
+        ctl.display()
+    );
     Ok(())
 }
 

@@ -372,7 +372,8 @@ async fn p02_backstop_refuses_what_the_injector_did_not_reach() -> anyhow::Resul
 /// backstop exported from the running configuration (image check on, the default) admits the
 /// same injected pods.
 #[tokio::test]
-async fn p03_a_stale_backstop_never_refuses_what_the_running_configuration_injects() -> anyhow::Result<()> {
+async fn p03_a_stale_backstop_never_refuses_what_the_running_configuration_injects()
+-> anyhow::Result<()> {
     scenario("p03-stale-backstop", &[Need::TemplateChange], |cx| async move {
         let running = injector_config(&cx.env, &cx.client).await?;
         // Another configuration: other templates (mesh-agent), other defaults, another digest.
