@@ -935,7 +935,10 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
         .to_owned();
     assert_eq!(digest.len(), 16, "{digest}");
     for d in &docs {
-        assert_eq!(d["metadata"]["annotations"]["sidecar-injector.io/config"], digest.as_str());
+        assert_eq!(
+            d["metadata"]["annotations"]["sidecar-injector.io/config"],
+            digest.as_str()
+        );
     }
     let current = &docs[0]["spec"]["variables"][0];
     assert_eq!(current["name"], "current");
