@@ -4,10 +4,11 @@
 //! - [`engine`] decides everything and does no I/O: a review (read through the borrowed
 //!   [`view`]) or a manifest, and a checked [`config`], go in; a patch, a verdict or the text a
 //!   command prints comes out ([`template`], [`overrides`], [`inject`], [`validate`],
-//!   [`review`], [`manifest`], [`explain`], and [`outdated`], which judges a cluster's pods).
+//!   [`review`], [`manifest`], [`explain`], [`outdated`], which judges a cluster's pods, and
+//!   [`engine::check`], which judges an installation).
 //! - [`server`]: the webhook and admin servers (sockets, TLS, reloads, limits, shutdown).
-//! - [`cli`]: the commands, `serve`, `inject`, `review`, `explain` and `outdated` (whose
-//!   API-server calls live in [`cli::outdated`]).
+//! - [`cli`]: the commands, `serve`, `inject`, `review`, `explain`, `outdated`, `export` and
+//!   `check` (whose API-server calls live in [`cli::outdated`] and [`cli::check`]).
 //! - [`load`]: reading a configuration and its templates from files, for both shells.
 //!
 //! The shells import the engine, never the reverse, so the webhook server, the validator and

@@ -16,6 +16,7 @@
 #  4. the injector installed by `helm install` of the chart in service mode: 2 replicas, PDB,
 #     certificates.mode=existingSecret (a Secret made here, signed by the cluster's CA), the
 #     templates' images pointed at the local stand-ins; rollout finished and a dry-run injected;
+#     then `helm test` (the chart's test pod runs `sidecar-injector check`);
 #  5. a second injector process on the namespace's 127.0.0.1 (for the url-mode chart scenario);
 #     a Prometheus (tools/prometheus.sh) on the namespace's 127.0.0.1, discovering the injector's
 #     pods through the apiserver and scraping their admin ports every second, with the chart's
@@ -153,6 +154,14 @@ helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
   die "helm install failed (see $WORKDIR/logs/helm-install.log)"
 "${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
 e2e_wait_for_injection 60 "${ADMIN_CURL[@]}" "$APISERVER_URL" || die "the webhooks do not inject"
+# The chart's own test: `sidecar-injector check` from the release's image, in a pod, with the
+# test's RBAC (templates/tests/check.yaml); every check must pass on this install.
+log "helm test $RELEASE (sidecar-injector check in a pod)"
+helm test "$RELEASE" --kubeconfig "$KUBECONFIG" --namespace "$RELEASE_NAMESPACE" --timeout 120s \
+  --logs >"$WORKDIR/logs/helm-test.log" 2> >(grep -v 'symbolic link in path' >&2) || {
+  tail -n 40 "$WORKDIR/logs/helm-test.log" >&2
+  die "helm test failed (see $WORKDIR/logs/helm-test.log)"
+}
 
 # ---------------------------------------------------------------- a loopback injector (url mode)
 PORT=$(cp_free_port) || die "no free loopback port"

@@ -10,6 +10,7 @@
 //! - [`pods`]: what an injected or untouched pod looks like.
 //! - [`webhooks`]: reading, changing and restoring the webhook configurations.
 //! - [`audit`]: the apiserver's record of which webhook ran in which round.
+//! - [`check`]: running `sidecar-injector check` and reading its JSON report.
 //! - [`metrics`]: the apiserver's own admission metrics.
 //! - [`adder`]: a second mutating webhook, served from the test binary, that adds a container.
 //! - [`outdated`]: running `sidecar-injector outdated`; changing the running server's template.
@@ -19,6 +20,7 @@
 
 pub mod adder;
 pub mod audit;
+pub mod check;
 pub mod cluster;
 pub mod env;
 pub mod metrics;

@@ -63,6 +63,35 @@ where
     result.and(restored)
 }
 
+/// Changes the whole list of webhooks of the MutatingWebhookConfiguration `name` (delete an
+/// entry, ...), runs `body`, and always puts them back (waiting until injection works again).
+pub async fn with_mutating_webhooks_changed<C, F, Fut>(
+    client: &Client,
+    name: &str,
+    probe_ns: &str,
+    change: C,
+    body: F,
+) -> anyhow::Result<()>
+where
+    C: FnOnce(&mut Vec<MutatingWebhook>) -> anyhow::Result<()>,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let api = mutating(client);
+    let original = api
+        .get(name)
+        .await
+        .with_context(|| format!("cannot read MutatingWebhookConfiguration {name}"))?;
+    let mut changed = original.clone();
+    change(changed.webhooks.get_or_insert_with(Vec::new))?;
+    api.replace(name, &PostParams::default(), &changed)
+        .await
+        .with_context(|| format!("cannot change MutatingWebhookConfiguration {name}"))?;
+    let result = body().await;
+    let restored = restore_mutating(client, &original, probe_ns).await;
+    result.and(restored)
+}
+
 async fn restore_mutating(
     client: &Client,
     original: &MutatingWebhookConfiguration,

@@ -6,12 +6,14 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sidecar_injector_e2e::adder::{ADDED_PORT, Adder};
+use sidecar_injector_e2e::check::check;
 use sidecar_injector_e2e::cluster::{WAIT, accepts, dry_run, rejects, scenario};
 use sidecar_injector_e2e::env::{Env, Mode, Need};
 use sidecar_injector_e2e::outdated::{
@@ -21,7 +23,11 @@ use sidecar_injector_e2e::pods::*;
 use sidecar_injector_e2e::webhooks::{
     MUTATING_WEBHOOK, VALIDATING_WEBHOOK, closed_port, delete_mutating, mutating, point_at_port,
     validating, wait_for_injection, wait_for_refusal, with_mutating_changed,
+    with_mutating_webhooks_changed,
 };
+
+/// The annotation carrying the digest of the configuration an exported policy comes from.
+const CONFIG_ANNOTATION: &str = "sidecar-injector.io/config";
 use sidecar_injector_e2e::{audit, eventually, metrics};
 
 /// The webhook configurations carry the fields the chart's README promises.
@@ -2099,6 +2105,143 @@ async fn s23_outdated_judges_namespace_opted_in_pods_by_the_namespace_entry() ->
             .await;
             let _ = cx.delete_namespace(&ns).await;
             outcome
+        },
+    )
+    .await
+}
+
+/// 24. `sidecar-injector check` passes on the suite's install (what url mode cannot have is
+/// skipped, and says so), and names each fault the suite can make with a non-zero exit: the
+/// server stopped, a wrong caBundle, a webhook entry deleted, and (locally, where no server
+/// keeps it in step) a stale backstop.
+#[tokio::test]
+async fn s24_check_passes_and_names_each_fault() -> anyhow::Result<()> {
+    scenario(
+        "s24-check",
+        &[Need::ProcessControl, Need::TemplateChange],
+        |cx| async move {
+            let healthy = check(&cx.env, &cx.ns).await?;
+            let report = || format!("{:#}{}", healthy.json, healthy.stderr);
+            ensure!(healthy.code == 0, "healthy: exit {}: {}", healthy.code, report());
+            ensure!(
+                healthy.in_state("fail").is_empty() && healthy.in_state("warn").is_empty(),
+                "healthy: {}",
+                report()
+            );
+            for (check, subject, message) in healthy.in_state("skip") {
+                ensure!(
+                    check == "endpoints" && message.contains("url mode"),
+                    "healthy: only the url mode's Service may be skipped, not {check} {subject}: {message}"
+                );
+            }
+            for wanted in ["config", "webhooks", "certificate", "expiry", "dryRun", "otherWebhooks"] {
+                ensure!(
+                    healthy.in_state("pass").iter().any(|(c, _, _)| c == wanted),
+                    "healthy: no passing {wanted} check: {}",
+                    report()
+                );
+            }
+
+            // The server stopped.
+            cx.env.injector("stop").await?;
+            let stopped = check(&cx.env, &cx.ns).await;
+            cx.env.injector("start").await?;
+            wait_for_injection(&cx.client, &cx.ns).await?;
+            let stopped = stopped?;
+            ensure!(
+                stopped.code != 0 && stopped.fails_with("dryRun", "refused"),
+                "server stopped: exit {}: {:#}",
+                stopped.code,
+                stopped.json
+            );
+            if cx.env.mode == Mode::Local {
+                ensure!(
+                    stopped.fails_with("certificate", "Connection refused"),
+                    "server stopped: the url should be unreachable: {:#}",
+                    stopped.json
+                );
+            }
+
+            // A caBundle that is not the CA of the served certificate.
+            let client = cx.client.clone();
+            let config = cx.env.webhook_config.clone();
+            let ns = cx.ns.clone();
+            let ca = sidecar_injector_e2e::check::unrelated_ca()?;
+            with_mutating_changed(
+                &client,
+                &config,
+                &ns,
+                |hook| {
+                    hook.client_config.ca_bundle = Some(k8s_openapi::ByteString(ca.into_bytes()));
+                    Ok(())
+                },
+                || async {
+                    let run = check(&cx.env, &cx.ns).await?;
+                    ensure!(
+                        run.code != 0
+                            && run.fails_with("certificate", "does not verify the certificate served"),
+                        "wrong caBundle: exit {}: {:#}",
+                        run.code,
+                        run.json
+                    );
+                    Ok(())
+                },
+            )
+            .await?;
+
+            // The pod-label entry deleted from the mutating configuration.
+            with_mutating_webhooks_changed(
+                &client,
+                &config,
+                &ns,
+                |hooks| {
+                    hooks.retain(|h| h.name != MUTATING_WEBHOOK);
+                    Ok(())
+                },
+                || async {
+                    let run = check(&cx.env, &cx.ns).await?;
+                    ensure!(
+                        run.code != 0
+                            && run.fails_with("webhooks", "has no entry for pods opted in by their own label"),
+                        "entry deleted: exit {}: {:#}",
+                        run.code,
+                        run.json
+                    );
+                    Ok(())
+                },
+            )
+            .await?;
+
+            // A stale backstop: locally nothing keeps it in step (the chart ships it in url mode).
+            if cx.env.mode == Mode::Local && backstop_installed(&cx).await? {
+                let policies: Api<ValidatingAdmissionPolicy> = Api::all(cx.client.clone());
+                let name = "sidecar-injector-backstop";
+                let digest = policies
+                    .get(name)
+                    .await?
+                    .metadata
+                    .annotations
+                    .and_then(|a| a.get(CONFIG_ANNOTATION).cloned())
+                    .context("the backstop has no config annotation")?;
+                let annotate = |value: &str| {
+                    Patch::Merge(json!({"metadata": {"annotations": {CONFIG_ANNOTATION: value}}}))
+                };
+                policies
+                    .patch(name, &PatchParams::default(), &annotate("0000000000000000"))
+                    .await?;
+                let run = check(&cx.env, &cx.ns).await;
+                policies
+                    .patch(name, &PatchParams::default(), &annotate(&digest))
+                    .await?;
+                let run = run?;
+                ensure!(
+                    run.code != 0 && run.fails_with("backstop", "stale"),
+                    "stale backstop: exit {}: {:#}",
+                    run.code,
+                    run.json
+                );
+            }
+            Ok(())
         },
     )
     .await

@@ -1,10 +1,11 @@
-//! Command-line interface: `serve`, `inject`, `review`, `explain`, `outdated`.
+//! Command-line interface: `serve`, `inject`, `review`, `explain`, `outdated`, `export`, `check`.
 //!
 //! A shell around the engine. It owns the flags, reading the files and standard input a
 //! command names (`stdio`), standard output and exit statuses; every answer comes from
-//! [`crate::engine`]. `serve` runs [`crate::server`]; [`outdated`] holds the only API-server
-//! calls. Nothing in the library imports `cli`: `main.rs` runs it.
+//! [`crate::engine`]. `serve` runs [`crate::server`]; [`outdated`] and [`check`] hold the
+//! API-server calls. Nothing in the library imports `cli`: `main.rs` runs it.
 
+pub mod check;
 pub mod outdated;
 mod stdio;
 
@@ -96,6 +97,19 @@ pub enum Command {
     /// overrides, reading the pod's spec) is refused with its line and the reason; nothing is
     /// written and the exit status is 1.
     Export(ExportArgs),
+    /// Check an installation in the cluster: both webhook configurations and their entries,
+    /// the Service's ready endpoints, that each caBundle verifies the certificate the server
+    /// serves (and when it expires), that the backstop is the export of the running
+    /// configuration, that an opted-in pod comes back injected and admitted (a server-side dry
+    /// run), and which other mutating webhooks see the same pods, in the order they are called.
+    ///
+    /// One line per check: ✓ passed, ✗ failed (with what to do), ! warning, - skipped (the
+    /// right to read it is missing, or the installation cannot have it). Exit status 1 when a
+    /// check failed.
+    ///
+    /// The cluster is the one KUBECONFIG (or ~/.kube/config) names, or the pod's own service
+    /// account when run in a cluster (the chart's `helm test`).
+    Check(check::CheckArgs),
 }
 
 /// An injector from a ConfigMap manifest: the first document of kind ConfigMap.
@@ -239,6 +253,7 @@ impl Cli {
     pub fn run(self) -> anyhow::Result<std::process::ExitCode> {
         let done = match self.command {
             Command::Outdated(args) => return args.run(),
+            Command::Check(args) => return args.run(),
             Command::Serve(args) => args.run(),
             Command::Inject(args) => {
                 let inj = args.config.load()?;

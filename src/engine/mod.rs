@@ -6,6 +6,7 @@
 //! already read; the shells ([`crate::server`], [`crate::cli`], [`crate::load`]) do the I/O and
 //! import the engine, never the other way round.
 
+pub mod check;
 pub mod config;
 pub mod explain;
 pub mod inject;

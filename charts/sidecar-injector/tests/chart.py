@@ -82,7 +82,7 @@ VAP = ("admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy",)
 
 
 @functools.lru_cache(maxsize=None)
-def _render(helm, values_json, sets, kube_version, namespace, api_versions=()):
+def _render(helm, values_json, sets, kube_version, namespace, api_versions=(), tests=False):
     with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
         json.dump(json.loads(values_json), values)
         values.flush()
@@ -92,6 +92,9 @@ def _render(helm, values_json, sets, kube_version, namespace, api_versions=()):
             cmd += ["--set", s]
         for a in api_versions:
             cmd += ["--api-versions", a]
+        if not tests:
+            # What `helm install` creates; the `helm test` hooks are tested on their own.
+            cmd.append("--skip-tests")
         proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RenderError(proc.stderr)
@@ -99,10 +102,11 @@ def _render(helm, values_json, sets, kube_version, namespace, api_versions=()):
 
 
 def render(*sets, values=None, helm="helm", kube_version=KUBE_VERSION, namespace=NAMESPACE,
-           api_versions=()):
-    """helm template with --set SETS and a values map; the objects, parsed."""
+           api_versions=(), tests=False):
+    """helm template with --set SETS and a values map; the objects, parsed. With `tests`, the
+    `helm test` hooks too."""
     text = _render(helm, json.dumps(values or {}), tuple(sets), kube_version, namespace,
-                   tuple(api_versions))
+                   tuple(api_versions), tests)
     return Rendered(list(yaml.safe_load_all(text)))
 
 

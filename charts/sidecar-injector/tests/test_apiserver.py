@@ -115,7 +115,7 @@ def outage(cluster):
 def test_apiserver_accepts_every_object(cluster, case):
     cluster.namespace(NS)
     text = subprocess.run(
-        ["helm", "template", "sidecar-injector", str(CHART), "--namespace", NS,
+        ["helm", "template", "sidecar-injector", str(CHART), "--namespace", NS, "--skip-tests",
          "--values", str(CHART / "tests" / "cases" / f"{case}.yaml")],
         capture_output=True, text=True, check=True).stdout
     cluster.apply(text, "--dry-run=server")

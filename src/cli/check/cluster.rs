@@ -1,0 +1,270 @@
+//! The cluster side of `check`: every read, the dry run, and the TLS handshake with a url.
+//! Nothing is decided here: each call answers with what it got ([`Got`]), and
+//! [`crate::engine::check`] judges.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, Resource};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use serde::de::DeserializeOwned;
+
+use crate::engine::check::probe::Answer;
+use crate::engine::check::{Got, tls};
+
+/// How long the handshake with a url may take.
+const DIAL: Duration = Duration::from_secs(5);
+/// Page size of the list of mutating webhook configurations.
+const PAGE: u32 = 500;
+
+/// What an API error means for a check.
+fn got<T>(result: Result<T, kube::Error>, right: impl FnOnce() -> String) -> Got<T> {
+    match result {
+        Ok(t) => Got::Found(t),
+        Err(kube::Error::Api(s)) if s.code == 404 => Got::Missing,
+        Err(kube::Error::Api(s)) if s.code == 403 => Got::Forbidden(right()),
+        Err(e) => Got::Failed(format!("{e}")),
+    }
+}
+
+fn plural<K: Resource<DynamicType = ()>>() -> String {
+    K::plural(&()).into_owned()
+}
+
+/// A cluster-scoped object by name.
+pub async fn get_cluster<K>(client: &Client, name: &str) -> Got<K>
+where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    got(api.get(name).await, || {
+        format!("get {} {name}", plural::<K>())
+    })
+}
+
+/// A namespaced object by name.
+pub async fn get_namespaced<K>(client: &Client, namespace: &str, name: &str) -> Got<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    got(api.get(name).await, || {
+        format!("get {} {name} in namespace {namespace}", plural::<K>())
+    })
+}
+
+/// Every object of a cluster-scoped kind.
+pub async fn list_cluster<K>(client: &Client) -> Got<Vec<K>>
+where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let mut items = Vec::new();
+    let mut params = ListParams::default().limit(PAGE);
+    loop {
+        match got(api.list(&params).await, || {
+            format!("list {}", plural::<K>())
+        }) {
+            Got::Found(page) => {
+                items.extend(page.items);
+                match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                    Some(token) => params = params.continue_token(&token),
+                    None => return Got::Found(items),
+                }
+            }
+            Got::Missing => return Got::Found(items),
+            Got::Forbidden(r) => return Got::Forbidden(r),
+            Got::Failed(e) => return Got::Failed(e),
+        }
+    }
+}
+
+/// The EndpointSlices of a Service.
+pub async fn endpoint_slices(
+    client: &Client,
+    namespace: &str,
+    service: &str,
+) -> Got<Vec<EndpointSlice>> {
+    let api: Api<EndpointSlice> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().labels(&format!("kubernetes.io/service-name={service}"));
+    got(api.list(&params).await.map(|l| l.items), || {
+        format!("list endpointslices in namespace {namespace}")
+    })
+}
+
+/// The backstop objects' annotations, by name.
+pub async fn backstop(
+    client: &Client,
+    name: &str,
+) -> (Got<BTreeMap<String, String>>, Got<BTreeMap<String, String>>) {
+    let annotations = |m: kube::core::ObjectMeta| m.annotations.unwrap_or_default();
+    let policy = match get_cluster::<ValidatingAdmissionPolicy>(client, name).await {
+        Got::Found(p) => Got::Found(annotations(p.metadata)),
+        other => other.absent(),
+    };
+    let binding = match get_cluster::<ValidatingAdmissionPolicyBinding>(client, name).await {
+        Got::Found(b) => Got::Found(annotations(b.metadata)),
+        other => other.absent(),
+    };
+    (policy, binding)
+}
+
+/// A server-side dry-run create of `pod` in `namespace`: stores nothing, runs every admission
+/// webhook and policy.
+pub async fn dry_run(client: &Client, namespace: &str, pod: &serde_json::Value) -> Answer {
+    let pod: Pod = match serde_json::from_value(pod.clone()) {
+        Ok(p) => p,
+        Err(e) => return Answer::Failed(format!("the probe pod is not a pod: {e}")),
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let params = PostParams {
+        dry_run: true,
+        field_manager: Some("sidecar-injector-check".into()),
+    };
+    match api.create(&params, &pod).await {
+        Ok(p) => Answer::Admitted(Box::new(p)),
+        Err(kube::Error::Api(s))
+            if s.code == 403 && s.message.contains("cannot create resource") =>
+        {
+            Answer::Forbidden(format!(
+                "create pods in namespace {namespace} (a dry run needs it)"
+            ))
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Answer::Failed(format!(
+            "namespace {namespace} not found: choose one with --pod-namespace"
+        )),
+        Err(kube::Error::Api(s)) => Answer::Refused(s.message),
+        Err(e) => Answer::Failed(e.to_string()),
+    }
+}
+
+/// Records the chain a server presents and accepts it: the chain is judged afterwards, against
+/// the webhook's caBundle ([`tls::verify`]). Nothing is sent over the connection.
+#[derive(Debug)]
+struct Record {
+    chain: Mutex<Vec<Vec<u8>>>,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for Record {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Ok(mut chain) = self.chain.lock() {
+            *chain = std::iter::once(end_entity)
+                .chain(intermediates)
+                .map(|c| c.to_vec())
+                .collect();
+        }
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// The chain the server at `url` presents in a TLS handshake.
+pub async fn handshake(url: &str) -> tls::Served {
+    let (host, port) = match tls::url_host_port(url) {
+        Some(hp) => hp,
+        None => {
+            return tls::Served {
+                source: format!("the server at {url}"),
+                from_secret: false,
+                chain: Got::Failed("not an https url with a host".into()),
+            };
+        }
+    };
+    let source = format!("the server at {host}:{port}");
+    let chain = match tokio::time::timeout(DIAL, dial(&host, port)).await {
+        Ok(Ok(chain)) => Got::Found(chain),
+        Ok(Err(error)) => Got::Failed(error),
+        Err(_) => Got::Failed(format!("no answer within {DIAL:?}")),
+    };
+    tls::Served {
+        source,
+        from_secret: false,
+        chain,
+    }
+}
+
+async fn dial(host: &str, port: u16) -> Result<Vec<Vec<u8>>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let record = Arc::new(Record {
+        chain: Mutex::new(Vec::new()),
+        provider: provider.clone(),
+    });
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(record.clone())
+        .with_no_client_auth();
+    let name = ServerName::try_from(host.to_owned()).map_err(|e| format!("{host}: {e}"))?;
+    let tcp = tokio::net::TcpStream::connect((host, port))
+        .await
+        .map_err(|e| format!("cannot connect: {e}"))?;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("TLS handshake failed: {e}"))?;
+    let chain = record.chain.lock().map(|c| c.clone()).unwrap_or_default();
+    if chain.is_empty() {
+        return Err("the server presented no certificate".into());
+    }
+    Ok(chain)
+}

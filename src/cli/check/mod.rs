@@ -1,0 +1,242 @@
+//! `check`, the command: whether an installation in the cluster works.
+//!
+//! - [`cluster`]: the reads, the dry run, the TLS handshake.
+//! - The judging is pure and lives in [`crate::engine::check`].
+
+pub mod cluster;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, ValueEnum};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+
+use crate::engine::check::{
+    self, Got, Installation, Observed, backstop, probe, target_key, tls, webhooks,
+};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Text,
+    Json,
+}
+
+/// Flags of `check`; each is also read from an environment variable.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The namespace the chart was installed in.
+    #[arg(
+        short = 'n',
+        long,
+        env = "SIDECAR_INJECTOR_NAMESPACE",
+        default_value = "sidecar-injector"
+    )]
+    pub namespace: String,
+    /// The name of the chart's objects: the release name (with a revision,
+    /// `<release>-<revision>`). It names both webhook configurations, the Service, the
+    /// ConfigMap and the Deployment.
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_RELEASE",
+        default_value = "sidecar-injector"
+    )]
+    pub release: String,
+    /// The namespace the opted-in probe pod is created in, as a server-side dry run (nothing
+    /// is stored; it needs the right to create pods there).
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_CHECK_POD_NAMESPACE",
+        default_value = "default"
+    )]
+    pub pod_namespace: String,
+    /// A served certificate with fewer days than this left is a warning.
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_CHECK_EXPIRY_WARNING_DAYS",
+        default_value_t = tls::WARN_DAYS,
+        value_name = "DAYS"
+    )]
+    pub expiry_warning_days: u32,
+    /// Output format: one line per check, or JSON for scripts.
+    #[arg(
+        short = 'o',
+        long,
+        env = "SIDECAR_INJECTOR_OUTPUT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub output: Output,
+}
+
+impl CheckArgs {
+    pub fn run(self) -> anyhow::Result<ExitCode> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        runtime.block_on(self.run_async())
+    }
+
+    async fn run_async(self) -> anyhow::Result<ExitCode> {
+        let Self {
+            namespace,
+            release,
+            pod_namespace,
+            expiry_warning_days,
+            output,
+        } = self;
+        let client = kube::Client::try_default().await.context(
+            "no Kubernetes client (KUBECONFIG, ~/.kube/config or in-cluster service account)",
+        )?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or_default();
+
+        let config = match cluster::get_namespaced::<ConfigMap>(&client, &namespace, &release).await
+        {
+            Got::Found(cm) => {
+                match crate::load::from_configmap_data(
+                    &format!("ConfigMap {namespace}/{release}"),
+                    &cm.data.unwrap_or_default(),
+                    Some(namespace.clone()),
+                ) {
+                    Ok(inj) => Got::Found(inj),
+                    Err(e) => Got::Failed(e.to_string()),
+                }
+            }
+            other => other.absent(),
+        };
+        let mutating =
+            cluster::get_cluster::<MutatingWebhookConfiguration>(&client, &release).await;
+        let validating =
+            cluster::get_cluster::<ValidatingWebhookConfiguration>(&client, &release).await;
+        let deployment = cluster::get_namespaced::<Deployment>(&client, &namespace, &release).await;
+
+        let mut entries: Vec<webhooks::Entry> = Vec::new();
+        if let Got::Found(c) = &mutating {
+            entries.extend(webhooks::mutating_entries(c));
+        }
+        if let Got::Found(c) = &validating {
+            entries.extend(webhooks::validating_entries(c));
+        }
+        let refs: Vec<&webhooks::Entry> = entries.iter().collect();
+        let (services, _) = webhooks::services(&refs);
+        let mut endpoints = Vec::new();
+        for (ns, name) in &services {
+            endpoints.push(webhooks::ServiceEndpoints {
+                namespace: ns.clone(),
+                name: name.clone(),
+                slices: cluster::endpoint_slices(&client, ns, name).await,
+            });
+        }
+
+        let mut served = BTreeMap::new();
+        for e in &entries {
+            let Some((key, _)) = target_key(&e.client_config) else {
+                continue;
+            };
+            if served.contains_key(&key) {
+                continue;
+            }
+            let chain = match (&e.client_config.url, &deployment) {
+                (Some(url), _) => cluster::handshake(url).await,
+                (None, deployment) => secret_chain(&client, &namespace, deployment).await,
+            };
+            served.insert(key, chain);
+        }
+
+        let (backstop_seen, dry_run) = match &config {
+            Got::Found(inj) => {
+                let name = format!("{}-backstop", crate::engine::policy::base_name(inj));
+                let (policy, binding) = cluster::backstop(&client, &name).await;
+                let seen = backstop::Seen {
+                    server_applies: deployment.found().map(backstop::server_applies),
+                    policy,
+                    binding,
+                };
+                let answer = cluster::dry_run(&client, &pod_namespace, &probe::pod(inj)).await;
+                (Some(seen), Some(answer))
+            }
+            _ => (None, None),
+        };
+        let all_mutating = cluster::list_cluster::<MutatingWebhookConfiguration>(&client).await;
+
+        let report = check::judge(&Observed {
+            installation: Installation { namespace, release },
+            pod_namespace,
+            now,
+            warn_days: expiry_warning_days,
+            config,
+            mutating,
+            validating,
+            endpoints,
+            served,
+            backstop: backstop_seen,
+            dry_run,
+            all_mutating,
+        });
+        let text = match output {
+            Output::Text => report.text(),
+            Output::Json => {
+                let mut json = serde_json::to_string_pretty(&report)?;
+                json.push('\n');
+                json
+            }
+        };
+        crate::cli::stdio::write_stdout(text.as_bytes())?;
+        Ok(if report.ok {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        })
+    }
+}
+
+/// The chain in the TLS Secret the Deployment mounts.
+async fn secret_chain(
+    client: &kube::Client,
+    namespace: &str,
+    deployment: &Got<Deployment>,
+) -> tls::Served {
+    let name = match deployment {
+        Got::Found(d) => tls::secret_name(d),
+        _ => None,
+    };
+    let Some(name) = name else {
+        let why = match deployment {
+            Got::Forbidden(r) => Got::Forbidden(r.clone()),
+            Got::Failed(e) => Got::Failed(e.clone()),
+            Got::Missing => Got::Failed(format!(
+                "no Deployment to find the TLS Secret by in namespace {namespace}"
+            )),
+            Got::Found(_) => Got::Failed("the Deployment mounts no TLS Secret".into()),
+        };
+        return tls::Served {
+            source: "the TLS Secret".into(),
+            from_secret: true,
+            chain: why,
+        };
+    };
+    let source = format!("Secret {namespace}/{name}");
+    let chain = match cluster::get_namespaced::<Secret>(client, namespace, &name).await {
+        Got::Found(secret) => match secret.data.as_ref().and_then(|d| d.get("tls.crt")) {
+            Some(pem) => match tls::pem_chain(&pem.0) {
+                Ok(chain) => Got::Found(chain),
+                Err(e) => Got::Failed(format!("its tls.crt {e}")),
+            },
+            None => Got::Failed("it has no tls.crt".into()),
+        },
+        other => other.absent(),
+    };
+    tls::Served {
+        source,
+        from_secret: true,
+        chain,
+    }
+}
