@@ -19,7 +19,9 @@ case "$1" in
   stop)
     "${kubectl[@]}" scale "deployment/$name" --replicas=0 >/dev/null
     for ((i = 0; i < 240; i++)); do
-      pods=$("${kubectl[@]}" get pods -l "app.kubernetes.io/instance=$name" -o name)
+      # Finished pods (the chart's `helm test` pod) are not servers.
+      pods=$("${kubectl[@]}" get pods -l "app.kubernetes.io/instance=$name" \
+        --field-selector=status.phase!=Succeeded,status.phase!=Failed -o name)
       ready=$("${kubectl[@]}" get endpointslices -l "kubernetes.io/service-name=$name" \
         -o jsonpath='{range .items[*].endpoints[*]}{.conditions.ready}{"\n"}{end}' | grep -c true || true)
       if [[ -z "$pods" && "$ready" == 0 ]]; then exit 0; fi

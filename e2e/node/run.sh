@@ -163,6 +163,8 @@ helm_test_rc=0
 helm test "$RELEASE" --kubeconfig "$KUBECONFIG" --namespace "$RELEASE_NAMESPACE" --timeout 120s \
   >"$WORKDIR/logs/helm-test.log" 2> >(grep -v 'symbolic link in path' >&2) || helm_test_rc=$?
 "${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" logs "$RELEASE-test-check" >>"$WORKDIR/logs/helm-test.log" 2>&1 || true
+# The test pod carries the release's labels: gone, it cannot be taken for a server.
+"${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" delete pod "$RELEASE-test-check" --wait=true >/dev/null 2>&1 || true
 if ((helm_test_rc != 0)); then
   tail -n 40 "$WORKDIR/logs/helm-test.log" >&2
   die "helm test failed (see $WORKDIR/logs/helm-test.log)"
