@@ -52,6 +52,23 @@ impl Ctx {
     pub async fn delete_namespace(&self, ns: &str) -> anyhow::Result<()> {
         delete_namespace(&self.client, ns).await
     }
+
+    /// Runs helm (`HELM`) with the suite's kubeconfig; its stdout, or an error with its stderr.
+    pub async fn helm(&self, args: &[&str]) -> anyhow::Result<String> {
+        let output = tokio::process::Command::new(&self.env.helm)
+            .args(args)
+            .output()
+            .await
+            .with_context(|| format!("cannot run {}", self.env.helm))?;
+        anyhow::ensure!(
+            output.status.success(),
+            "helm {} failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
 }
 
 /// Runs one scenario in a temporary namespace. Skips (returns Ok after saying why) when the

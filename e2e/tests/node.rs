@@ -953,23 +953,6 @@ async fn release_ctl(
     Ok(())
 }
 
-/// Runs helm with the suite's kubeconfig; its stdout, or an error with its stderr.
-async fn helm(cx: &Ctx, args: &[&str]) -> anyhow::Result<String> {
-    let output = tokio::process::Command::new(&cx.env.helm)
-        .args(args)
-        .output()
-        .await
-        .with_context(|| format!("cannot run {}", cx.env.helm))?;
-    ensure!(
-        output.status.success(),
-        "helm {} failed ({}): {}",
-        args.join(" "),
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
 /// The chart's values for n08's release: revision b2, one replica, its own template `agent`
 /// (the only default) whose sidecar is named `sidecar`; the server runs `image`, the suite's.
 fn b2_values(image: &str, sidecar: &str) -> String {
@@ -1087,7 +1070,7 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
             }
         };
         let body = async {
-            helm(&cx, &["install", RELEASE, &chart, "-n", &release_ns, "-f", &v1, "--wait", "--timeout", "120s"]).await?;
+            cx.helm(&["install", RELEASE, &chart, "-n", &release_ns, "-f", &v1, "--wait", "--timeout", "120s"]).await?;
             let (first, owner) = eventually("the server to apply the backstop", WAIT_LONG, || async {
                 Ok(backstop_state(&cx, POLICY).await?.filter(|(d, _)| !d.is_empty()))
             })
@@ -1110,7 +1093,7 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
             .await?;
             // The template changes; the server reloads its ConfigMap in place (no rollout:
             // restartOnConfigChange is false). Every pod created meanwhile is admitted.
-            helm(&cx, &["upgrade", RELEASE, &chart, "-n", &release_ns, "-f", &v2, "--wait", "--timeout", "120s"]).await?;
+            cx.helm(&["upgrade", RELEASE, &chart, "-n", &release_ns, "-f", &v2, "--wait", "--timeout", "120s"]).await?;
             let (mut old, mut new, mut tries) = (0, 0, 0);
             let start = std::time::Instant::now();
             loop {
@@ -1138,7 +1121,7 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
             let refused = refused_naming("agent-v2").await;
             release_ctl(&cx, "start", &release_ns, RELEASE).await?;
             println!("n08: backstop {first} -> {second}; injector stopped: {}", refused?);
-            helm(&cx, &["uninstall", RELEASE, "-n", &release_ns, "--wait", "--timeout", "120s"]).await?;
+            cx.helm(&["uninstall", RELEASE, "-n", &release_ns, "--wait", "--timeout", "120s"]).await?;
             eventually("no policy left after helm uninstall", WAIT_LONG, || async {
                 Ok(backstop_state(&cx, POLICY).await?.is_none().then_some(()))
             })
@@ -1147,7 +1130,7 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
         }
         .await;
         if body.is_err() {
-            helm(&cx, &["uninstall", RELEASE, "-n", &release_ns, "--timeout", "60s"]).await.ok();
+            cx.helm(&["uninstall", RELEASE, "-n", &release_ns, "--timeout", "60s"]).await.ok();
         }
         cx.delete_namespace(&release_ns).await.ok();
         body

@@ -836,23 +836,6 @@ async fn s10_server_down_blocks_only_opted_in_pods() -> anyhow::Result<()> {
     .await
 }
 
-/// Runs helm with the suite's kubeconfig; returns its stdout, or an error with its stderr.
-async fn helm(cx: &sidecar_injector_e2e::cluster::Ctx, args: &[&str]) -> anyhow::Result<String> {
-    let output = tokio::process::Command::new(&cx.env.helm)
-        .args(args)
-        .output()
-        .await
-        .with_context(|| format!("cannot run {}", cx.env.helm))?;
-    ensure!(
-        output.status.success(),
-        "helm {} failed ({}): {}",
-        args.join(" "),
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-}
-
 /// `helm install` of the chart in url mode and without its Deployment: its webhooks call `url`
 /// (a server outside the cluster) and trust `ca`; each of `sets` is one more `--set`.
 async fn helm_install_url_mode(
@@ -886,7 +869,7 @@ async fn helm_install_url_mode(
     for set in sets {
         args.extend(["--set", set]);
     }
-    helm(cx, &args).await
+    cx.helm(&args).await
 }
 
 async fn helm_uninstall(
@@ -894,17 +877,14 @@ async fn helm_uninstall(
     release: &str,
     release_ns: &str,
 ) -> anyhow::Result<String> {
-    helm(
-        cx,
-        &[
-            "uninstall",
-            release,
-            "--namespace",
-            release_ns,
-            "--timeout",
-            "60s",
-        ],
-    )
+    cx.helm(&[
+        "uninstall",
+        release,
+        "--namespace",
+        release_ns,
+        "--timeout",
+        "60s",
+    ])
     .await
 }
 
