@@ -48,31 +48,28 @@ SERVER_PID=$!
 for _ in $(seq 1 100); do curl -sf "http://127.0.0.1:$ADMIN/readyz" >/dev/null && break; sleep 0.1; done
 CA=$(base64 -w0 "$WORKDIR/sidecar-injector-dev-ca.pem")
 
-VERSION=v1beta1
-if kubectl get --raw /apis/admissionregistration.k8s.io/v1 | grep -q '"mutatingadmissionpolicies"'; then VERSION=v1; fi
-"$BIN" export mutating --config e2e/policy/config.yaml --api-version "$VERSION" >"$WORKDIR/policy.yaml"
-python3 - "$WORKDIR/policy.yaml" <<'PY'
+# Narrows every binding of an exported policy (FILE) to the namespaces of one road.
+road_only() { # file road
+  python3 - "$1" "$2" <<'PY'
 import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 for d in docs:
     if d["kind"].endswith("Binding"):
         d["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"].append(
-            {"key": "road", "operator": "In", "values": ["policy"]})
+            {"key": "road", "operator": "In", "values": [sys.argv[2]]})
 yaml.safe_dump_all(docs, open(sys.argv[1], "w"))
 PY
+}
+
+VERSION=v1beta1
+if kubectl get --raw /apis/admissionregistration.k8s.io/v1 | grep -q '"mutatingadmissionpolicies"'; then VERSION=v1; fi
+"$BIN" export mutating --config e2e/policy/config.yaml --api-version "$VERSION" >"$WORKDIR/policy.yaml"
+road_only "$WORKDIR/policy.yaml" policy
 kubectl apply -f "$WORKDIR/policy.yaml" >/dev/null
 # The backstop of the same configuration (what `serve --backstop` applies), on the fourth road,
 # whose pods the webhook injects too: the difference to the webhook road is what it costs.
 "$BIN" export backstop --config e2e/policy/config.yaml >"$WORKDIR/backstop.yaml"
-python3 - "$WORKDIR/backstop.yaml" <<'PY'
-import sys, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
-for d in docs:
-    if d["kind"].endswith("Binding"):
-        d["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"].append(
-            {"key": "road", "operator": "In", "values": ["backstop"]})
-yaml.safe_dump_all(docs, open(sys.argv[1], "w"))
-PY
+road_only "$WORKDIR/backstop.yaml" backstop
 kubectl apply -f "$WORKDIR/backstop.yaml" >/dev/null
 kubectl apply -f - >/dev/null <<YAML
 apiVersion: admissionregistration.k8s.io/v1

@@ -42,25 +42,20 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let api = mutating(client);
-    let original = api
-        .get(name)
-        .await
-        .with_context(|| format!("cannot read MutatingWebhookConfiguration {name}"))?;
-    let mut changed = original.clone();
-    let hook = changed
-        .webhooks
-        .iter_mut()
-        .flatten()
-        .find(|w| w.name == MUTATING_WEBHOOK)
-        .ok_or_else(|| anyhow::anyhow!("{name} has no webhook {MUTATING_WEBHOOK}"))?;
-    change(hook)?;
-    api.replace(name, &PostParams::default(), &changed)
-        .await
-        .with_context(|| format!("cannot change MutatingWebhookConfiguration {name}"))?;
-    let result = body().await;
-    let restored = restore_mutating(client, &original, probe_ns).await;
-    result.and(restored)
+    with_mutating_webhooks_changed(
+        client,
+        name,
+        probe_ns,
+        |hooks| {
+            let hook = hooks
+                .iter_mut()
+                .find(|w| w.name == MUTATING_WEBHOOK)
+                .ok_or_else(|| anyhow::anyhow!("{name} has no webhook {MUTATING_WEBHOOK}"))?;
+            change(hook)
+        },
+        body,
+    )
+    .await
 }
 
 /// Changes the whole list of webhooks of the MutatingWebhookConfiguration `name` (delete an
