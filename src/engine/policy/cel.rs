@@ -9,7 +9,8 @@
 use serde_json::Value;
 
 use crate::engine::config::Injector;
-use crate::engine::policy::symbolic::pieces;
+use crate::engine::policy::loops::{self, INT, LOOP_KEY, Piece};
+use crate::engine::policy::symbolic::{CLOSE, Exprs};
 
 /// A CEL string literal.
 pub fn string(s: &str) -> String {
@@ -38,19 +39,36 @@ pub fn strings<'s>(items: impl IntoIterator<Item = &'s str>) -> String {
     format!("[{}]", items.join(", "))
 }
 
-/// A string of the fragment: literal text, with each marker's expression joined in.
-pub fn text(s: &str, exprs: &[String]) -> Result<String, String> {
-    let parts: Vec<String> = pieces(s)
-        .into_iter()
+/// A string of the fragment: literal text, with each marker's expression joined in, and each
+/// loop's output as its body repeated over its list (or its `else`).
+pub fn text(s: &str, exprs: &Exprs) -> Result<String, String> {
+    joined(&loops::parse(s)?, exprs)
+}
+
+fn joined(pieces: &[Piece], exprs: &Exprs) -> Result<String, String> {
+    let parts: Vec<String> = pieces
+        .iter()
         .map(|p| match p {
-            Ok(lit) => Ok(string(lit)),
-            Err(n) => exprs
-                .get(n)
+            Piece::Text(lit) => Ok(string(lit)),
+            Piece::Marker(n) => exprs
+                .markers
+                .get(*n)
                 .map(|e| format!("({e})"))
                 .ok_or_else(|| format!("marker {n} has no expression")),
+            Piece::Iter(j) => exprs.iter(*j, true).map(|e| format!("({e})")),
+            Piece::Loop { k, body, other } => {
+                let list = exprs.loops.get(*k).ok_or("an unknown loop")?;
+                let (i, v) = Exprs::vars(*k);
+                Ok(format!(
+                    "({list}.size() == 0 ? {} : {list}.transformList({i}, {v}, {}).join(\"\"))",
+                    joined(other, exprs)?,
+                    joined(body, exprs)?
+                ))
+            }
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, String>>()?;
     Ok(match parts.len() {
+        0 => "\"\"".into(),
         1 => parts.into_iter().next().unwrap_or_default(),
         _ => format!("({})", parts.join(" + ")),
     })
@@ -68,19 +86,62 @@ const STRING_MAPS: &[&str] = &[
 
 /// A value of the fragment, of the object type `ty` (e.g. `Object.spec.containers`) where it
 /// is an object.
-pub fn value(v: &Value, ty: &str, exprs: &[String]) -> Result<String, String> {
+pub fn value(v: &Value, ty: &str, exprs: &Exprs) -> Result<String, String> {
     Ok(match v {
         Value::Null => "null".into(),
         Value::Bool(b) => b.to_string(),
         Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
         Value::Number(n) => return Err(format!("the number {n} is not an integer")),
-        Value::String(s) => text(s, exprs)?,
+        Value::String(s) => match s
+            .strip_prefix(INT)
+            .and_then(|r| r.strip_suffix(CLOSE))
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            // A whole number an iteration computes (a port).
+            Some(j) => exprs.iter(j, false)?,
+            None => text(s, exprs)?,
+        },
         Value::Array(items) => {
-            let items: Vec<String> = items
-                .iter()
-                .map(|i| value(i, ty, exprs))
-                .collect::<Result<_, _>>()?;
-            format!("[{}]", items.join(", "))
+            // Runs of fixed items, and each loop's items in between.
+            let mut segments = Vec::new();
+            let mut run = Vec::new();
+            for i in items {
+                match i.get(LOOP_KEY).and_then(Value::as_u64) {
+                    Some(k) => {
+                        if !run.is_empty() {
+                            segments.push(format!("[{}]", std::mem::take(&mut run).join(", ")));
+                        }
+                        let k = k as usize;
+                        let list = exprs.loops.get(k).ok_or("an unknown loop")?;
+                        let (ix, it) = Exprs::vars(k);
+                        let items = |key: &str| -> Result<Vec<String>, String> {
+                            i[key]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(|e| value(e, ty, exprs))
+                                .collect()
+                        };
+                        let (each, other) = (items("each")?, items("else")?);
+                        let repeated = match &each[..] {
+                            [one] => format!("{list}.transformList({ix}, {it}, {one})"),
+                            many => format!(
+                                "{list}.transformList({ix}, {it}, [{}]).flatten()",
+                                many.join(", ")
+                            ),
+                        };
+                        segments.push(format!(
+                            "({list}.size() == 0 ? [{}] : {repeated})",
+                            other.join(", ")
+                        ));
+                    }
+                    None => run.push(value(i, ty, exprs)?),
+                }
+            }
+            if !run.is_empty() || segments.is_empty() {
+                segments.push(format!("[{}]", run.join(", ")));
+            }
+            segments.join(" + ")
         }
         Value::Object(fields) => {
             let last = ty.rsplit('.').next().unwrap_or("");

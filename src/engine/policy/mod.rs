@@ -12,6 +12,7 @@
 //! values; the CLI writes them as YAML.
 
 pub mod cel;
+pub mod loops;
 pub mod symbolic;
 
 use serde_json::{Value, json};
@@ -248,7 +249,7 @@ fn sidecars_by_template(all: &[(String, Fragment)]) -> String {
 }
 
 /// What a ServiceAccount token volume looks like (its name is random; the status leaves it out).
-const TOKEN_VOLUME: &str = "(v.name.startsWith(\"kube-api-access-\") && has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(s, has(s.serviceAccountToken)))";
+pub(crate) const TOKEN_VOLUME: &str = "(v.name.startsWith(\"kube-api-access-\") && has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(s, has(s.serviceAccountToken)))";
 
 /// The ValidatingAdmissionPolicy and its bindings.
 /// `images`: also refuse a sidecar whose image is not the one its template fixes. Off unless
@@ -313,11 +314,7 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
                         ))
                     ));
                 }
-                if let Some(image) = c
-                    .image
-                    .as_deref()
-                    .filter(|i| images && !i.contains(symbolic::OPEN))
-                {
+                if let Some(image) = c.image.as_deref().filter(|i| images && !loops::symbolic(i)) {
                     problems.push(format!(
                         "({guard} && {found} && (!has(c.image) || c.image != {}))) ? {} : \"\"",
                         cel::string(image),
@@ -450,9 +447,14 @@ fn export_hash(all: &[(String, Symbolic)]) -> String {
     for (name, s) in all {
         h.update(name.as_bytes());
         h.update([0]);
-        h.update(serde_json::to_vec(&s.fragment).unwrap_or_default());
-        for e in &s.exprs {
+        h.update(serde_json::to_vec(&s.json).unwrap_or_default());
+        for e in s.exprs.markers.iter().chain(&s.exprs.loops) {
             h.update(e.as_bytes());
+            h.update([0]);
+        }
+        for (k, e) in &s.exprs.iters {
+            let (i, v) = symbolic::Exprs::vars(*k);
+            h.update(e.cel(&i, &v, "").as_bytes());
             h.update([0]);
         }
     }
@@ -472,7 +474,21 @@ pub fn mutating(
     sel: &Selection,
     version: MutatingVersion,
 ) -> Result<Vec<Value>, ExportError> {
-    let all = read_all(inj)?;
+    let mut all = read_all(inj)?;
+    // Each list a loop reads, computed once per pod: a variable for every distinct one.
+    let mut lists: Vec<String> = Vec::new();
+    for (_, s) in &mut all {
+        for l in &mut s.exprs.loops {
+            let n = match lists.iter().position(|x| x == l) {
+                Some(n) => n,
+                None => {
+                    lists.push(l.clone());
+                    lists.len() - 1
+                }
+            };
+            *l = format!("variables.list{n}");
+        }
+    }
     let cfg = &inj.config;
     let owned = inj.templates.owned();
     let base = base_name(inj);
@@ -490,8 +506,8 @@ pub fn mutating(
     let by_template = |field: &str, ty: &str| -> Result<Option<String>, ExportError> {
         let mut entries = Vec::new();
         for (name, s) in &all {
-            let json = serde_json::to_value(&s.fragment).unwrap_or_default();
-            let items = json
+            let items = s
+                .json
                 .get(field)
                 .and_then(Value::as_array)
                 .cloned()
@@ -584,18 +600,25 @@ pub fn mutating(
         json!({"name": "sidecars", "expression": format!("variables.injected.map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}),
         json!({"name": "status", "expression": status_expr(inj, &hash, owned)}),
     ];
+    let variables: Vec<Value> = variables
+        .into_iter()
+        .chain(
+            lists
+                .iter()
+                .enumerate()
+                .map(|(n, l)| json!({"name": format!("list{n}"), "expression": l})),
+        )
+        .collect();
     for map in ["labels", "annotations"] {
         let mut keys: std::collections::BTreeMap<&str, Vec<(&str, String)>> = Default::default();
         for (name, s) in &all {
-            let entries = match map {
-                "labels" => &s.fragment.labels,
-                _ => &s.fragment.annotations,
-            };
-            for (k, v) in entries {
+            let entries = s.json.get(map).and_then(Value::as_object);
+            for (k, v) in entries.into_iter().flatten() {
                 if map == "annotations" && *k == cfg.status_annotation {
                     continue;
                 }
-                let v = cel::text(v, &s.exprs).map_err(|r| refused(name, r))?;
+                let v = cel::text(v.as_str().unwrap_or_default(), &s.exprs)
+                    .map_err(|r| refused(name, r))?;
                 keys.entry(k.as_str()).or_default().push((name.as_str(), v));
             }
         }
