@@ -951,25 +951,71 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
 }
 
 #[test]
-fn export_refuses_the_bundled_proxy_with_its_lines_and_writes_nothing() {
-    let out = run(&["export", "mutating"]);
-    assert_eq!(out.status.code(), Some(1));
+fn export_mutating_writes_the_bundled_proxy_and_log_shipper() {
+    for version in ["v1", "v1beta1"] {
+        let out = run(&["export", "mutating", "--api-version", version]);
+        assert!(out.status.success(), "{version}: {}", stderr(&out));
+        let docs = yaml_documents(&stdout(&out));
+        assert_eq!(
+            docs[0]["apiVersion"],
+            format!("admissionregistration.k8s.io/{version}")
+        );
+        let policy = &docs[0]["spec"];
+        // The pod's TCP ports, collected once per pod, read by the proxy's three loops.
+        let list = policy["variables"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == "list0"))
+            .expect("the proxy's list of ports");
+        assert!(
+            list["expression"]
+                .as_str()
+                .is_some_and(|e| e.ends_with(".distinct()") && e.contains("a1.containerPort")),
+            "{list}"
+        );
+        // A pod whose override the proxy does not allow is left to the backstop.
+        let conditions = policy["matchConditions"].as_array().expect("conditions");
+        assert!(
+            conditions.iter().any(|c| c["name"] == "overrides-allowed"),
+            "{conditions:?}"
+        );
+    }
+}
+
+#[test]
+fn export_refuses_what_cel_cannot_write_with_its_lines_and_writes_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::create_dir(dir.path().join("templates")).expect("templates dir");
+    // A condition on the pod outside a loop, and a loop inside a loop over its containers.
+    std::fs::write(
+        dir.path().join("templates/agent.yaml.j2"),
+        "containers:\n  - name: agent\n    image: x:1\n    args:\n{%- if pod.labels.debug is defined %}\n      - --debug\n{%- endif %}\n{%- for c in pod.spec.containers %}{% for f in [\"a\", \"b\"] %}\n      - {{ c.name ~ f | tojson }}\n{%- endfor %}{% endfor %}\n",
+    )
+    .expect("template");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "templatesDir: templates\ndefaultTemplates: [agent]\n",
+    )
+    .expect("config");
+    let out = run(&[
+        "export",
+        "mutating",
+        "--config",
+        &config.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", stdout(&out));
     assert!(
         out.stdout.is_empty(),
         "nothing is written: {}",
         stdout(&out)
     );
     let err = stderr(&out);
-    assert!(
-        err.contains("proxy.yaml.j2: it declares per-pod overrides"),
-        "{err}"
-    );
-    // Its loops over the pod's containers and ports are written as CEL.
-    assert!(!err.contains("line 17"), "{err}");
-    assert!(
-        !err.contains("log-shipper.yaml.j2"),
-        "the log shipper exports: {err}"
-    );
+    for needle in [
+        "agent.yaml.j2: line 5: `pod.labels.debug is defined`: a condition on a value read from the pod",
+        "agent.yaml.j2: line 8: `[\"a\", \"b\"]`: a loop inside a loop over a list of the pod",
+    ] {
+        assert!(err.contains(needle), "{needle:?} in {err}");
+    }
 }
 
 #[test]

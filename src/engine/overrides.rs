@@ -215,6 +215,11 @@ pub fn check(annotation: &str, spec: &Spec, value: &str) -> Result<serde_json::V
     }
 }
 
+/// A bound's magnitude ([`magnitude`]): for the policy exporter, which checks values in CEL.
+pub fn bound(kind: Kind, bound: &Scalar) -> Option<i128> {
+    magnitude(kind, &bound.to_string()).ok()
+}
+
 /// The number a value stands for: itself, millicores, or bytes. Only canonical forms are
 /// accepted for quantities: the API server rewrites others (`0.5` to `500m`, `1024Mi` to `1Gi`),
 /// and the validator would then find the sidecar changed.

@@ -107,16 +107,6 @@ fn read_all(inj: &Injector) -> Result<Vec<(String, Symbolic)>, ExportError> {
     let mut out = Vec::new();
     let mut refused = Vec::new();
     for name in names {
-        if let Some(declared) = inj.templates.declared(&name).filter(|d| !d.is_empty()) {
-            let keys: Vec<&str> = declared.keys().map(String::as_str).collect();
-            refused.push((
-                name.clone(),
-                Refusal::whole(format!(
-                    "it declares per-pod overrides ({}): the webhook refuses a pod whose value is not allowed, and a mutating policy cannot refuse",
-                    keys.join(", ")
-                )),
-            ));
-        }
         match symbolic::read(inj, &name) {
             Ok(s) => out.push((name, s)),
             Err(rs) => refused.extend(rs.into_iter().map(|r| (name.clone(), r))),
@@ -350,7 +340,14 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
         "!(has(object.metadata.annotations) && {status} in object.metadata.annotations) || object.metadata.annotations[{status}].contains({})",
         cel::string(&format!("\"config\":\"{}\"", inj.digest))
     );
-    let variables = json!([
+    let refusals = override_refusals(inj, &names);
+    // After an unknown template, the webhook refuses the first override not allowed; the
+    // other checks wait for both to pass, so that the pod gets one message.
+    let after = match refusals {
+        Some(_) => "variables.unknown.size() > 0 || variables.overrides.size() > 0 || ",
+        None => "variables.unknown.size() > 0 || ",
+    };
+    let mut variables = json!([
         {"name": "current", "expression": current},
         {"name": "asked", "expression": cel::asked(inj, false)},
         {"name": "unknown", "expression": format!("variables.current ? variables.asked.filter(n, !(n in {known})) : []")},
@@ -362,10 +359,48 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
         {"name": "missing", "expression": format!("variables.current ? ({}).filter(m, m != \"\") : []", join_or_empty(&missing))},
         {"name": "problems", "expression": format!("variables.current ? [{}].filter(p, p != \"\") : []", problems.join(",\n"))},
     ]);
+    if let (Some(chain), Some(list)) = (&refusals, variables.as_array_mut()) {
+        list.insert(
+            3,
+            json!({"name": "overrides", "expression": format!("variables.current ? variables.asked.map(t, {chain}).filter(m, m != \"\") : []")}),
+        );
+    }
     let action = match cfg.validation.mode {
         ValidationMode::Enforce => "Deny",
         ValidationMode::Warn => "Warn",
     };
+    let mut validations = json!([
+        {
+            "expression": "variables.unknown.size() == 0",
+            "messageExpression": format!(
+                "\"pod \" + {name_expr} + \": annotation {} names template(s) \" + variables.unknown.join(\", \") + \" that do not exist (known templates: {})\"",
+                cfg.templates_annotation, names.join(", ")
+            ),
+            "reason": "Invalid",
+        },
+        {
+            "expression": format!("{after}variables.missing.size() == 0"),
+            "messageExpression": format!(
+                "\"pod \" + {name_expr} + \" lacks its sidecar(s) \" + variables.missing.join(\", \") + \": the sidecar injector did not run for it (is it down, or its webhook unreachable?). Create the pod again once the injector is running; `kubectl get pods -n <injector namespace>` shows it.\""
+            ),
+            "reason": "Invalid",
+        },
+        {
+            "expression": format!("{after}variables.missing.size() > 0 || variables.problems.size() == 0"),
+            "messageExpression": format!("\"pod \" + {name_expr} + \": \" + variables.problems.join(\"; \")"),
+            "reason": "Invalid",
+        },
+    ]);
+    if let (Some(_), Some(list)) = (&refusals, validations.as_array_mut()) {
+        list.insert(
+            1,
+            json!({
+                "expression": "variables.unknown.size() > 0 || variables.overrides.size() == 0",
+                "messageExpression": "variables.overrides[0]",
+                "reason": "Invalid",
+            }),
+        );
+    }
     let policy = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -377,28 +412,7 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
             "matchConstraints": match_constraints(inj, &["CREATE"]),
             "matchConditions": conditions(inj),
             "variables": variables,
-            "validations": [
-                {
-                    "expression": "variables.unknown.size() == 0",
-                    "messageExpression": format!(
-                        "\"pod \" + {name_expr} + \": annotation {} names template(s) \" + variables.unknown.join(\", \") + \" that do not exist (known templates: {})\"",
-                        cfg.templates_annotation, names.join(", ")
-                    ),
-                    "reason": "Invalid",
-                },
-                {
-                    "expression": "variables.unknown.size() > 0 || variables.missing.size() == 0",
-                    "messageExpression": format!(
-                        "\"pod \" + {name_expr} + \" lacks its sidecar(s) \" + variables.missing.join(\", \") + \": the sidecar injector did not run for it (is it down, or its webhook unreachable?). Create the pod again once the injector is running; `kubectl get pods -n <injector namespace>` shows it.\""
-                    ),
-                    "reason": "Invalid",
-                },
-                {
-                    "expression": "variables.unknown.size() > 0 || variables.missing.size() > 0 || variables.problems.size() == 0",
-                    "messageExpression": format!("\"pod \" + {name_expr} + \": \" + variables.problems.join(\"; \")"),
-                    "reason": "Invalid",
-                },
-            ],
+            "validations": validations,
         },
     });
     let mut docs = vec![policy];
@@ -415,6 +429,55 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
         }));
     }
     Ok(docs)
+}
+
+/// Whether every per-pod override the pod sets, of the templates it asks for, is allowed. A
+/// mutating policy cannot refuse a pod as the webhook does; with this as a match condition it
+/// leaves such a pod alone, and the backstop refuses it with the webhook's message.
+fn overrides_allowed(inj: &Injector) -> Option<String> {
+    let asked = cel::asked(inj, true);
+    let each: Vec<String> = inj
+        .templates
+        .names()
+        .filter_map(|name| {
+            let checks = cel::override_checks(inj, name);
+            (!checks.is_empty()).then(|| {
+                let all: Vec<String> = checks
+                    .iter()
+                    .map(|c| format!("(!{} || {})", c.present, c.allowed))
+                    .collect();
+                format!(
+                    "(!({} in {asked}) || ({}))",
+                    cel::string(name),
+                    all.join(" && ")
+                )
+            })
+        })
+        .collect();
+    (!each.is_empty()).then(|| each.join(" && "))
+}
+
+/// The webhook's refusal of the first override not allowed, for template `t` (CEL, a name the
+/// pod asks for): `""` when there is none.
+fn override_refusals(inj: &Injector, names: &[String]) -> Option<String> {
+    let mut chain = String::from("\"\"");
+    let mut any = false;
+    for name in names.iter().rev() {
+        let checks = cel::override_checks(inj, name);
+        if checks.is_empty() {
+            continue;
+        }
+        any = true;
+        let mut first = String::from("\"\"");
+        for c in checks.iter().rev() {
+            first = format!(
+                "(({} && !({})) ? {} : {first})",
+                c.present, c.allowed, c.message
+            );
+        }
+        chain = format!("(t == {} ? {first} : {chain})", cel::string(name));
+    }
+    any.then_some(chain)
 }
 
 /// Lists joined with `+` (no `flatten()`: a list function of Kubernetes 1.34+, and the
@@ -665,6 +728,9 @@ pub fn mutating(
         "name": "known-templates",
         "expression": format!("{}.all(n, n in {known})", cel::asked(inj, true)),
     }));
+    if let Some(expression) = overrides_allowed(inj) {
+        match_conditions.push(json!({"name": "overrides-allowed", "expression": expression}));
+    }
     match_conditions.push(json!({
         "name": "injects-a-template",
         "expression": format!("{}.size() > 0", cel::injected(inj, &cel::asked(inj, true), &windows_ok)),
