@@ -978,6 +978,10 @@ fn export_mutating_writes_the_bundled_proxy_and_log_shipper() {
             conditions.iter().any(|c| c["name"] == "overrides-allowed"),
             "{conditions:?}"
         );
+        if version == "v1" {
+            // Every byte of the export is reviewed as a diff when it changes.
+            insta::assert_snapshot!("export_mutating_bundled", stdout(&out));
+        }
     }
 }
 

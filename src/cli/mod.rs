@@ -93,9 +93,13 @@ pub enum Command {
     /// injector injects. `serve --backstop` (the chart's default) applies and keeps the
     /// backstop in step by itself; export it by hand only where no server runs in the cluster.
     ///
-    /// A template that cannot be written as CEL (a loop or condition on the pod, per-pod
-    /// overrides, reading the pod's spec) is refused with its line and the reason; nothing is
-    /// written and the exit status is 1.
+    /// Loops over the pod's containers, init containers, volumes and their ports (and lists a
+    /// template collects from them), and per-pod overrides, are written as CEL: the bundled
+    /// templates export. A pod whose override the template does not allow is left alone by
+    /// the mutating policy and refused by the backstop with the webhook's message. What CEL
+    /// cannot write (a condition on the pod outside a loop, a loop inside such a loop, other
+    /// fields of the pod's spec, the owner, a value of the pod kept in a variable) is refused
+    /// with its line and the reason; nothing is written and the exit status is 1.
     Export(ExportArgs),
     /// Check an installation in the cluster: both webhook configurations and their entries,
     /// the Service's ready endpoints, that each caBundle verifies the certificate the server
