@@ -59,7 +59,7 @@ fn generated(i: u64) -> Value {
             *g.pick(&["payments", "a: b", "#x", "'\"", "[1]", "0"]),
         );
     }
-    if g.chance(2) {
+    if !g.chance(4) {
         annotations.insert(
             "sidecar-injector.io/templates",
             *g.pick(&[
@@ -68,12 +68,63 @@ fn generated(i: u64) -> Value {
                 "mesh-agent, log-shipper",
                 "log-shipper,,mesh-agent,log-shipper",
                 " mesh-agent ",
+                "proxy",
+                "proxy",
+                "proxy",
+                "proxy,log-shipper",
+                "log-shipper,proxy",
+                "proxy, mesh-agent, proxy",
+                "mesh-agent,log-shipper,proxy",
             ]),
         );
     }
+    // The proxy's per-pod overrides: allowed values, and values the webhook refuses (the
+    // policy road leaves such a pod to the backstop, which refuses it with the same message).
+    for (key, values) in [
+        (
+            "sidecar-injector.io/proxy-cpu",
+            &["100m", "10m", "500m", "0.5", "1", "2000m"][..],
+        ),
+        (
+            "sidecar-injector.io/proxy-memory",
+            &["128Mi", "32Mi", "256Mi", "1Gi", "64M"][..],
+        ),
+        (
+            "sidecar-injector.io/proxy-log-level",
+            &["debug", "off", "critical", "loud"][..],
+        ),
+    ] {
+        if g.chance(5) {
+            annotations.insert(key, *g.pick(values));
+        }
+    }
     let mut containers = Vec::new();
-    for c in 0..1 + g.next() % 3 {
+    // Ports the proxy routes to: duplicates within and across containers, named and not, UDP
+    // (left out) and TCP written or left to the API server's default.
+    let mut named = 0;
+    let mut ports = |g: &mut Gen| -> Vec<Value> {
+        (0..g.next() % 4)
+            .map(|_| {
+                let mut port = json!({"containerPort": *g.pick(&[8080, 9090, 53, 8080, 7000])});
+                match g.next() % 3 {
+                    0 => port["protocol"] = json!("UDP"),
+                    1 => port["protocol"] = json!("TCP"),
+                    _ => {}
+                }
+                if g.chance(3) {
+                    named += 1;
+                    port["name"] = json!(format!("p{named}"));
+                }
+                port
+            })
+            .collect()
+    };
+    for c in 0..1 + g.next() % 4 {
         let mut container = json!({"name": format!("c{c}"), "image": app_image()});
+        let declared = ports(&mut g);
+        if !declared.is_empty() {
+            container["ports"] = json!(declared);
+        }
         if g.chance(3) {
             container["env"] = json!([{"name": "APP_LOG_DIR", "value": "/elsewhere"}, {"name": "OTHER", "value": "1"}]);
         }
@@ -91,7 +142,15 @@ fn generated(i: u64) -> Value {
     if inits > 0 {
         spec["initContainers"] = json!(
             (0..inits)
-                .map(|k| json!({"name": format!("init{k}"), "image": app_image()}))
+                .map(|k| {
+                    // An init container's ports are not the application's: the proxy leaves them.
+                    let mut init = json!({"name": format!("init{k}"), "image": app_image()});
+                    let declared = ports(&mut g);
+                    if !declared.is_empty() {
+                        init["ports"] = json!(declared);
+                    }
+                    init
+                })
                 .collect::<Vec<_>>()
         );
     }
@@ -107,6 +166,14 @@ fn generated(i: u64) -> Value {
     }
     if g.chance(10) {
         spec["hostNetwork"] = json!(true);
+        // Host ports equal container ports there, and the API server refuses duplicates.
+        for list in ["containers", "initContainers"] {
+            for c in spec[list].as_array_mut().into_iter().flatten() {
+                if let Some(c) = c.as_object_mut() {
+                    c.remove("ports");
+                }
+            }
+        }
     }
     if g.chance(10) {
         spec["nodeSelector"] = json!({"kubernetes.io/os": "windows"});
@@ -196,7 +263,9 @@ const GENERATED: u64 = 120;
 /// exported MutatingAdmissionPolicies in one namespace and through a webhook serving the same
 /// configuration in another come back the same (containers, init containers, volumes, env,
 /// mounts, annotations, the status but for its hash), both pass the exported backstop, and a
-/// policy-injected pod created again through the policies is unchanged.
+/// policy-injected pod created again through the policies is unchanged. Pods that ask for the
+/// bundled proxy with an override it does not allow are refused on both roads with the same
+/// message: by the webhook, and on the policy road by the backstop.
 #[tokio::test]
 async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
     scenario("p01-policy-mode", &[Need::TemplateChange, Need::LoopbackWebhooks], |cx| async move {
@@ -237,7 +306,7 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                     })
                     .await?;
                 }
-                let mut injected = 0;
+                let (mut injected, mut refused, mut proxied) = (0, 0, 0);
                 for i in 0..GENERATED {
                     let pod: Pod = from_json(generated(i))?;
                     let a = dry_run(&pp, &pod).await;
@@ -245,14 +314,29 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                     let case = serde_json::to_string(&generated(i))?;
                     let (a, b) = match (a, b) {
                         (Ok(a), Ok(b)) => (a, b),
+                        // An override the proxy does not allow: the webhook refuses the pod, and on
+                        // the policy road the backstop does, with the webhook's own message.
+                        (Err(a), Err(b)) if refusal(&b).contains("sidecar-injector: template") => {
+                            let (a, b) = (refusal(&a), refusal(&b));
+                            let tail = |m: &str| m.find("sidecar-injector: template").map(|at| m[at..].to_owned());
+                            ensure!(
+                                a.contains("ValidatingAdmissionPolicy 'sidecar-injector-backstop") && tail(&a) == tail(&b),
+                                "pod {i} ({case}): the policy road refused it with {a:?}, the webhook with {b:?}"
+                            );
+                            refused += 1;
+                            continue;
+                        }
                         (a, b) => anyhow::bail!(
                             "pod {i} ({case}): policy road {}, webhook road {}",
                             a.map(|_| "admitted".to_owned()).unwrap_or_else(|e| refusal(&e)),
                             b.map(|_| "admitted".to_owned()).unwrap_or_else(|e| refusal(&e)),
                         ),
                     };
-                    if status_annotation(&a).is_some() {
+                    if let Some(status) = status_annotation(&a) {
                         injected += 1;
+                        if status.contains("\"proxy\"") {
+                            proxied += 1;
+                        }
                     }
                     let (ca, cb) = (comparable(&a, &p)?, comparable(&b, &w)?);
                     if let Some(d) = first_difference(&ca, &cb, "") {
@@ -268,8 +352,10 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                         anyhow::bail!("pod {i} ({case}) changed when created again through the policies, at {d}");
                     }
                 }
-                println!("p01: {GENERATED} generated pods, {injected} injected, the same on both roads");
+                println!("p01: {GENERATED} generated pods, {injected} injected ({proxied} with the proxy) and {refused} refused (an override not allowed), the same on both roads");
+                ensure!(proxied >= GENERATED / 6, "only {proxied} of {GENERATED} pods got the proxy: the generator no longer tests its loops much");
                 ensure!(injected >= GENERATED / 2, "only {injected} of {GENERATED} pods were injected: the generator no longer tests much");
+                ensure!(refused > 0, "no generated pod had an override the proxy refuses: the generator no longer tests it");
                 // An opted-out pod is untouched.
                 let plain = dry_run(&pp, &labelled(app_pod("out"), INJECT_LABEL, "false")).await.map_err(|e| anyhow::anyhow!(refusal(&e)))?;
                 ensure!(status_annotation(&plain).is_none() && containers(&plain).len() == 1, "an opted-out pod was changed");

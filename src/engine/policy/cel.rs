@@ -67,9 +67,12 @@ fn joined(pieces: &[Piece], exprs: &Exprs) -> Result<String, String> {
             }
         })
         .collect::<Result<_, String>>()?;
-    Ok(match parts.len() {
-        0 => "\"\"".into(),
-        1 => parts.into_iter().next().unwrap_or_default(),
+    Ok(match (parts.len(), pieces) {
+        (0, _) => "\"\"".into(),
+        // A value read of the pod alone may be typed dyn (an annotation), and list literals
+        // must be homogeneous (`args: ["--x", <annotation>]`): string() types it.
+        (1, [Piece::Marker(_)]) => format!("string{}", parts.concat()),
+        (1, _) => parts.concat(),
         _ => format!("({})", parts.join(" + ")),
     })
 }
