@@ -1137,3 +1137,220 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
     })
     .await
 }
+
+/// Values of the policy-mode release n11 installs: revision `p2`, the chart's defaults (the
+/// bundled log shipper and proxy) with the stand-in images, the proxy on `proxy_port`.
+fn p2_values(image: &str, proxy_port: u16) -> String {
+    let (repository, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+    format!(
+        r#"fullnameOverride: e2e-p2
+mode: policy
+revision: p2
+image:
+  repository: {repository}
+  tag: {tag}
+  pullPolicy: Never
+logFormat: json
+config:
+  values:
+    logShipper:
+      image: local/log-shipper:1
+    proxy:
+      image: local/proxy:1
+      port: {proxy_port}
+"#
+    )
+}
+
+/// An exported policy's `sidecar-injector.io/config` annotation and its owners, if it exists.
+async fn policy_state(
+    cx: &Ctx,
+    version: &str,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<Option<(String, String)>> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        version,
+        kind,
+    ));
+    let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
+    Ok(api.get_opt(name).await?.map(|o| {
+        let annotations = o.metadata.annotations.unwrap_or_default();
+        let owners: Vec<String> = o
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|r| format!("{}/{}", r.kind, r.name))
+            .collect();
+        (
+            annotations
+                .get("sidecar-injector.io/config")
+                .cloned()
+                .unwrap_or_default(),
+            owners.join(","),
+        )
+    }))
+}
+
+/// n11. The chart's policy mode with its defaults and any values, with no export command: the
+/// release (revision `p2`, the bundled proxy and log shipper) runs one keeper pod and no webhook;
+/// the keeper applies the MutatingAdmissionPolicy (in the version this API server serves) and
+/// the backstop exported from the release's ConfigMap, owned by the release's ClusterRole. An
+/// opted-in Deployment's pod, with two app ports, runs on the node with the proxy the API
+/// server added (a native sidecar listening for each port) and the log shipper. `helm upgrade`
+/// with another proxy port reaches the keeper as a ConfigMap change: the policy follows and new
+/// pods get the new port. `helm uninstall` leaves no policy.
+#[tokio::test]
+async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<()> {
+    use sidecar_injector_e2e::cluster::{dry_run, refusal};
+    use sidecar_injector_e2e::pods::{REVISION_LABEL, STATUS_ANNOTATION, labelled, opted_in};
+    use sidecar_injector_e2e::policies::mutating_version;
+    const RELEASE: &str = "e2e-p2";
+    const POLICY: &str = "sidecar-injector-p2";
+    scenario("n11-policy-mode-chart", &[Need::Node], |cx| async move {
+        let version = mutating_version(&cx.client)
+            .await?
+            .context("this API server serves no MutatingAdmissionPolicy")?;
+        let release_ns = cx.extra_namespace("release", &[]).await?;
+        let chart = cx.env.chart.display().to_string();
+        let dir = tempfile::tempdir()?;
+        let (v1, v2) = (dir.path().join("v1.yaml"), dir.path().join("v2.yaml"));
+        let image = Api::<Deployment>::namespaced(cx.client.clone(), &cx.env.injector_namespace)
+            .get(&cx.env.webhook_config)
+            .await?
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|s| s.containers.into_iter().next())
+            .and_then(|c| c.image)
+            .context("the suite's injector Deployment names no image")?;
+        std::fs::write(&v1, p2_values(&image, 15001))?;
+        std::fs::write(&v2, p2_values(&image, 15101))?;
+        let (v1, v2) = (v1.display().to_string(), v2.display().to_string());
+        let pods = cx.pods();
+        let proxy_port = |p: &Pod| -> Option<i32> {
+            let spec = p.spec.as_ref()?;
+            let proxy = spec.init_containers.iter().flatten().find(|c| c.name == PROXY)?;
+            proxy.ports.iter().flatten().next().map(|p| p.container_port)
+        };
+        let body = async {
+            cx.helm(&["install", RELEASE, &chart, "-n", &release_ns, "-f", &v1, "--wait", "--timeout", "120s"]).await?;
+            let kinds = Api::<Deployment>::namespaced(cx.client.clone(), &release_ns).list(&ListParams::default()).await?;
+            ensure!(kinds.items.len() == 1, "{} Deployments in the release", kinds.items.len());
+            let services = Api::<k8s_openapi::api::core::v1::Service>::namespaced(cx.client.clone(), &release_ns)
+                .list(&ListParams::default()).await?;
+            ensure!(services.items.is_empty(), "policy mode installed a Service");
+            let owner = format!("ClusterRole/{RELEASE}-backstop");
+            let (first, owners) = eventually("the keeper to apply the MutatingAdmissionPolicy", WAIT_LONG, || async {
+                Ok(policy_state(&cx, version, "MutatingAdmissionPolicy", POLICY).await?.filter(|(d, _)| !d.is_empty()))
+            })
+            .await?;
+            ensure!(owners == owner, "the mutating policy's owners: {owners:?}");
+            let (backstop, owners) = eventually("the keeper to apply the backstop", WAIT_LONG, || async {
+                Ok(policy_state(&cx, "v1", "ValidatingAdmissionPolicy", &format!("{POLICY}-backstop")).await?.filter(|(d, _)| !d.is_empty()))
+            })
+            .await?;
+            ensure!(backstop == first && owners == owner, "the backstop: config {backstop}, owners {owners:?}");
+            println!("n11: the keeper applied {POLICY} ({version}) and its backstop, config {first}");
+
+            let ns = cx.extra_namespace("run", &[]).await?;
+            let result = async {
+                let app = "i=0; while true; do i=$((i+1)); echo \"line $i from the app\" >> \"$APP_LOG_DIR/app.log\"; sleep 0.5; done";
+                let deployment: Deployment = from_json(json!({
+                    "apiVersion": "apps/v1", "kind": "Deployment",
+                    "metadata": {"name": "web"},
+                    "spec": {
+                        "replicas": 1,
+                        "selector": {"matchLabels": {"app": "web"}},
+                        "template": {
+                            "metadata": {"labels": {"app": "web", INJECT_LABEL: "true", REVISION_LABEL: "p2"}},
+                            "spec": {
+                                "terminationGracePeriodSeconds": 1,
+                                "containers": [{"name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
+                                    "command": ["sh", "-c", app],
+                                    "ports": [{"containerPort": 8080}, {"containerPort": 9090, "name": "metrics"},
+                                              {"containerPort": 8080, "protocol": "UDP"}]}]
+                            }
+                        }
+                    }
+                }))?;
+                Api::<Deployment>::namespaced(cx.client.clone(), &ns)
+                    .create(&PostParams::default(), &deployment)
+                    .await?;
+                let run_pods = cx.pods_in(&ns);
+                let pod = eventually("the policy-injected pod running", RUNNING, || async {
+                    let list = run_pods.list(&ListParams::default().labels("app=web")).await?;
+                    let Some(pod) = list.items.into_iter().next() else { return Ok(None) };
+                    let status = pod.status.clone().unwrap_or_default();
+                    let all_ready = status.container_statuses.iter().flatten().all(|c| c.ready);
+                    Ok((status.phase.as_deref() == Some("Running") && all_ready && is_ready(&pod)).then_some(pod))
+                })
+                .await?;
+                let spec = pod.spec.clone().unwrap_or_default();
+                let inits: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
+                ensure!(inits == [PROXY], "init containers {inits:?}");
+                let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
+                ensure!(names == ["app", LOG_SHIPPER], "containers {names:?}");
+                let proxy = &spec.init_containers.as_deref().unwrap_or_default()[0];
+                let ports: Vec<(String, i32)> = proxy.ports.iter().flatten()
+                    .map(|p| (p.name.clone().unwrap_or_default(), p.container_port)).collect();
+                ensure!(ports == [("proxy-8080".to_owned(), 15001), ("proxy-9090".to_owned(), 15002)],
+                    "the proxy's listeners: {ports:?} (one per TCP port, in order, each once)");
+                let status = pod.status.clone().unwrap_or_default();
+                let proxy_running = status.init_container_statuses.iter().flatten()
+                    .any(|c| c.name == PROXY && c.started == Some(true) && c.state.as_ref().is_some_and(|s| s.running.is_some()));
+                ensure!(proxy_running, "the proxy is not running: {:?}", status.init_container_statuses);
+                let annotation = pod.metadata.annotations.clone().unwrap_or_default()
+                    .get(STATUS_ANNOTATION).cloned().unwrap_or_default();
+                ensure!(annotation.contains("\"templates\":[\"log-shipper\",\"proxy\"]") && annotation.contains("\"hash\":\"policy-")
+                    && annotation.contains(&format!("\"config\":\"{first}\"")), "status {annotation}");
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                eventually("the log shipper shipping the app's lines", RUNNING, || async {
+                    let log = logs(&run_pods, &name, LOG_SHIPPER).await?;
+                    Ok(log.iter().any(|l| l.text.contains("line 1 from the app")).then_some(()))
+                })
+                .await?;
+                anyhow::Ok(())
+            }
+            .await;
+            cx.delete_namespace(&ns).await.ok();
+            result?;
+
+            // The values change; the keeper reads the new ConfigMap and applies its export.
+            cx.helm(&["upgrade", RELEASE, &chart, "-n", &release_ns, "-f", &v2, "--wait", "--timeout", "120s"]).await?;
+            let (second, _) = eventually("the MutatingAdmissionPolicy of the new configuration", WAIT_LONG, || async {
+                Ok(policy_state(&cx, version, "MutatingAdmissionPolicy", POLICY).await?.filter(|(d, _)| !d.is_empty() && *d != first))
+            })
+            .await?;
+            let pod = |name: &str| labelled(opted_in(name), REVISION_LABEL, "p2");
+            let after = eventually("a pod injected with the new proxy port", WAIT_LONG, || async {
+                let p = dry_run(&pods, &pod("after")).await.map_err(|e| anyhow::anyhow!("refused: {}", refusal(&e)))?;
+                Ok((proxy_port(&p) == Some(15101)).then_some(p))
+            })
+            .await?;
+            let annotation = after.metadata.annotations.clone().unwrap_or_default()
+                .get(STATUS_ANNOTATION).cloned().unwrap_or_default();
+            ensure!(annotation.contains(&format!("\"config\":\"{second}\"")), "status {annotation}");
+            println!("n11: helm upgrade: policy {first} -> {second}; new pods get the proxy on 15101");
+            cx.helm(&["uninstall", RELEASE, "-n", &release_ns, "--wait", "--timeout", "120s"]).await?;
+            eventually("no policy left after helm uninstall", WAIT_LONG, || async {
+                let left = (
+                    policy_state(&cx, version, "MutatingAdmissionPolicy", POLICY).await?,
+                    policy_state(&cx, "v1", "ValidatingAdmissionPolicy", &format!("{POLICY}-backstop")).await?,
+                );
+                Ok((left == (None, None)).then_some(()))
+            })
+            .await?;
+            anyhow::Ok(())
+        }
+        .await;
+        if body.is_err() {
+            cx.helm(&["uninstall", RELEASE, "-n", &release_ns, "--timeout", "60s"]).await.ok();
+        }
+        cx.delete_namespace(&release_ns).await.ok();
+        body
+    })
+    .await
+}

@@ -243,14 +243,14 @@ impl Default for Metrics {
         let backstop_syncs = Family::<SyncLabel, Counter>::default();
         registry.register(
             "backstop_syncs",
-            "Checks of the backstop policy against the configuration served, by result: applied (it was missing or another configuration's), unchanged, error",
+            "Checks of a kept policy (the backstop; in policy mode also the MutatingAdmissionPolicy) against the configuration served, by result: applied (it was missing or another configuration's), unchanged, error",
             backstop_syncs.clone(),
         );
-        // Only when the server keeps a backstop (`serve --backstop`): no series otherwise.
+        // Only when the server keeps policies (`serve --backstop`, `--mutating-policy`): no series otherwise.
         let backstop_in_step = Family::<PolicyLabel, Gauge>::default();
         registry.register(
             "backstop_in_step",
-            "Whether the backstop policy in the cluster is the export of the configuration served (1) or could not be made so (0)",
+            "Whether a kept policy in the cluster (the backstop, or in policy mode the MutatingAdmissionPolicy) is the export of the configuration served (1) or could not be made so (0)",
             backstop_in_step.clone(),
         );
         let build = Family::<BuildLabels, Gauge>::default();

@@ -112,28 +112,48 @@ pub struct ServeArgs {
     pub config: ConfigArg,
 }
 
-/// Flags of `serve --backstop`.
+/// Flags of `serve --backstop` and `serve --mutating-policy`.
 #[derive(Debug, Args)]
 pub struct BackstopArgs {
     /// Keep the backstop (the ValidatingAdmissionPolicy and bindings `export backstop` writes)
     /// in step with the configuration served: applied (server-side apply) at start, after
     /// every reload, whenever a re-check (--reload-interval) finds it missing or exported from
-    /// another configuration, and every 5 minutes anyway (undoing a hand edit). Needs rights on those objects (the chart grants them, by
-    /// name); a failure is retried, logged and shown by sidecar_injector_backstop_in_step == 0.
+    /// another configuration, and every 5 minutes anyway (undoing a hand edit). Needs rights on
+    /// those objects (the chart grants them, by name); a failure is retried, logged and shown
+    /// by sidecar_injector_backstop_in_step == 0.
     #[arg(long = "backstop", env = "SIDECAR_INJECTOR_BACKSTOP")]
     pub enabled: bool,
-    /// The MutatingWebhookConfiguration that owns the backstop's objects, so that deleting it
-    /// (`helm uninstall`) deletes them too (the garbage collector).
+    /// Keep the MutatingAdmissionPolicy (`export mutating`) in step the same way: policy mode,
+    /// where the API server injects. auto: v1 where the API server serves it, else v1beta1.
+    #[arg(
+        long = "mutating-policy",
+        env = "SIDECAR_INJECTOR_MUTATING_POLICY",
+        value_enum,
+        value_name = "VERSION"
+    )]
+    pub mutating: Option<backstop::MutatingApi>,
+    /// The cluster-scoped object that owns the kept policies, so that deleting it (`helm
+    /// uninstall`) deletes them too (the garbage collector): NAME (a
+    /// MutatingWebhookConfiguration) or ClusterRole/NAME.
     #[arg(
         long = "backstop-owner",
         env = "SIDECAR_INJECTOR_BACKSTOP_OWNER",
-        value_name = "NAME"
+        value_name = "NAME|ClusterRole/NAME"
     )]
-    pub owner: Option<String>,
+    pub owner: Option<backstop::Owner>,
     /// Also refuse a sidecar whose image is not the one its template sets (in a pod injected
     /// under the configuration served, or not injected at all).
     #[arg(long = "backstop-check-images", env = "SIDECAR_INJECTOR_BACKSTOP_CHECK_IMAGES", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub check_images: bool,
+    /// Serve no webhooks: no TLS listener and no certificate, only the admin port, reloads and
+    /// the policies kept in step (--backstop, --mutating-policy). The chart's policy mode runs
+    /// this: the API server injects, and this process only keeps its policies current.
+    #[arg(
+        long = "policies-only",
+        env = "SIDECAR_INJECTOR_POLICIES_ONLY",
+        requires = "mutating"
+    )]
+    pub policies_only: bool,
     #[command(flatten)]
     pub selection: crate::load::SelectionArgs,
 }
@@ -216,9 +236,9 @@ pub struct Server {
     pub state: Arc<State>,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
-    tls_listener: TcpListener,
+    /// The webhooks' listener; none with `--policies-only`.
+    tls: Option<(TcpListener, TlsAcceptor)>,
     admin_listener: TcpListener,
-    acceptor: TlsAcceptor,
     header_read_timeout: Duration,
     shutdown_delay: Duration,
     shutdown_timeout: Duration,
@@ -270,49 +290,39 @@ impl Server {
             request_timeout,
             memo_entries,
         ));
-        let cert_files = match (tls_cert_file, tls_key_file) {
-            (Some(cert), Some(key)) => Some(tls::CertFiles { cert, key }),
-            _ => None,
-        };
-        let loaded = match &cert_files {
-            Some(files) => files.load()?,
-            None => {
-                let dev = tls::dev_cert()?;
-                let path = dev_ca_file
-                    .unwrap_or_else(|| std::env::temp_dir().join("sidecar-injector-dev-ca.pem"));
-                std::fs::write(&path, &dev.ca_pem).with_context(|| {
-                    format!("cannot write the development CA to {}", path.display())
-                })?;
-                tracing::warn!(
-                    ca_file = %path.display(),
-                    "no --tls-cert-file given: serving a self-signed development certificate for localhost, 127.0.0.1 and ::1; \
-                     its CA is written to ca_file (curl --cacert <ca_file> https://localhost:8443/...). Do not use it in a cluster"
-                );
-                dev.loaded
-            }
-        };
-        state.metrics.certificate_expiry(loaded.not_after);
-        let resolver = Arc::new(tls::Resolver::new(loaded.key.clone()));
-        let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(resolver.clone())?));
-        let tls_listener = TcpListener::bind(listen)
-            .await
-            .with_context(|| format!("cannot listen on {listen}"))?;
+        let policies_only = backstop.policies_only;
+        if policies_only && !backstop.enabled && backstop.mutating.is_none() {
+            anyhow::bail!(
+                "--policies-only serves no webhooks: it needs a policy to keep (--backstop, --mutating-policy)"
+            );
+        }
         let admin_listener = TcpListener::bind(admin_listen)
             .await
             .with_context(|| format!("cannot listen on {admin_listen}"))?;
-        let (listen, admin_listen) = (tls_listener.local_addr()?, admin_listener.local_addr()?);
+        let admin_listen = admin_listener.local_addr()?;
+        let (tls, cert_files) = if policies_only {
+            (None, None)
+        } else {
+            let (tls, listen, cert_files) =
+                webhook_listener(listen, tls_cert_file, tls_key_file, dev_ca_file, &state).await?;
+            (Some((tls, listen)), cert_files)
+        };
+        let listen = tls.as_ref().map_or(listen, |(_, addr)| *addr);
+        let tls = tls.map(|(tls, _)| tls);
         let reloader = tokio::spawn(reload::run(reload::Reloader {
             state: state.clone(),
-            resolver,
-            cert_files: cert_files.map(|f| (f, reload::Tracked::new(loaded.fingerprint))),
+            cert_files,
             config: sources,
             interval: reload_interval,
         }));
-        let backstop = backstop.enabled.then(|| {
+        let keep = backstop.enabled || backstop.mutating.is_some();
+        let backstop = keep.then(|| {
             tokio::spawn(backstop::run(
                 state.clone(),
-                backstop::Backstop {
+                backstop::Policies {
                     selection: backstop.selection.selection(),
+                    backstop: backstop.enabled,
+                    mutating: backstop.mutating,
                     owner: backstop.owner,
                     check_images: backstop.check_images,
                     interval: reload_interval,
@@ -320,14 +330,21 @@ impl Server {
             ))
         });
         let serving_threads = cores::count(serving_threads);
-        tracing::info!(%listen, %admin_listen, serving_threads, config = %config.path.as_ref().map_or("<embedded>".into(), |p| p.display().to_string()), "serving");
+        let config_path = config
+            .path
+            .as_ref()
+            .map_or("<embedded>".into(), |p| p.display().to_string());
+        if policies_only {
+            tracing::info!(%admin_listen, config = %config_path, "keeping the policies in step; serving no webhooks (--policies-only)");
+        } else {
+            tracing::info!(%listen, %admin_listen, serving_threads, config = %config_path, "serving");
+        }
         Ok(Self {
             state,
             listen,
             admin_listen,
-            tls_listener,
+            tls,
             admin_listener,
-            acceptor,
             header_read_timeout,
             shutdown_delay,
             shutdown_timeout,
@@ -343,9 +360,8 @@ impl Server {
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
         let Self {
             state,
-            tls_listener,
+            tls,
             admin_listener,
-            acceptor,
             header_read_timeout,
             shutdown_delay,
             shutdown_timeout,
@@ -354,42 +370,52 @@ impl Server {
             backstop,
             ..
         } = self;
-        let cores =
-            cores::Cores::start(serving_threads).context("cannot start the serving threads")?;
         let builder = Arc::new(http_builder(header_read_timeout));
-        let drain = drain::Drain::new();
         let admin = tokio::spawn(serve_admin(admin_listener, state.clone(), builder.clone()));
-        {
-            let accept = accept_tls(
-                &tls_listener,
-                &cores,
-                &acceptor,
-                &state,
-                &builder,
-                &drain,
-                header_read_timeout,
-            );
-            tokio::pin!(accept);
-            tokio::select! {
-                () = &mut accept => {}
-                () = shutdown => {}
-            }
-            state.draining.store(true, Ordering::SeqCst);
-            if !shutdown_delay.is_zero() {
-                // Whoever still routes here (an endpoint list not yet updated) is still answered.
-                tracing::info!(delay = ?shutdown_delay, "not ready; still accepting until the delay ends");
-                tokio::select! {
-                    () = &mut accept => {}
-                    () = tokio::time::sleep(shutdown_delay) => {}
+        match tls {
+            Some((tls_listener, acceptor)) => {
+                let cores = cores::Cores::start(serving_threads)
+                    .context("cannot start the serving threads")?;
+                let drain = drain::Drain::new();
+                {
+                    let accept = accept_tls(
+                        &tls_listener,
+                        &cores,
+                        &acceptor,
+                        &state,
+                        &builder,
+                        &drain,
+                        header_read_timeout,
+                    );
+                    tokio::pin!(accept);
+                    tokio::select! {
+                        () = &mut accept => {}
+                        () = shutdown => {}
+                    }
+                    state.draining.store(true, Ordering::SeqCst);
+                    if !shutdown_delay.is_zero() {
+                        // Whoever still routes here (an endpoint list not yet updated) is still answered.
+                        tracing::info!(delay = ?shutdown_delay, "not ready; still accepting until the delay ends");
+                        tokio::select! {
+                            () = &mut accept => {}
+                            () = tokio::time::sleep(shutdown_delay) => {}
+                        }
+                    }
+                }
+                drop(tls_listener);
+                tracing::info!("listener closed; draining in-flight requests");
+                match tokio::time::timeout(shutdown_timeout, drain.finish()).await {
+                    Ok(()) => tracing::info!("drained; exiting"),
+                    Err(_) => {
+                        tracing::warn!(timeout = ?shutdown_timeout, "drain timed out; exiting with requests in flight")
+                    }
                 }
             }
-        }
-        drop(tls_listener);
-        tracing::info!("listener closed; draining in-flight requests");
-        match tokio::time::timeout(shutdown_timeout, drain.finish()).await {
-            Ok(()) => tracing::info!("drained; exiting"),
-            Err(_) => {
-                tracing::warn!(timeout = ?shutdown_timeout, "drain timed out; exiting with requests in flight")
+            None => {
+                // Nothing is served but the admin port: nothing to drain.
+                shutdown.await;
+                state.draining.store(true, Ordering::SeqCst);
+                tracing::info!("exiting");
             }
         }
         reloader.abort();
@@ -399,6 +425,53 @@ impl Server {
         admin.abort();
         Ok(())
     }
+}
+
+/// The webhooks' TLS listener, bound, with its certificate: the files given, or a development
+/// certificate whose CA is written to `dev_ca_file`. Also the certificate files the reloader
+/// watches (none for the development certificate).
+async fn webhook_listener(
+    listen: SocketAddr,
+    tls_cert_file: Option<PathBuf>,
+    tls_key_file: Option<PathBuf>,
+    dev_ca_file: Option<PathBuf>,
+    state: &State,
+) -> anyhow::Result<(
+    (TcpListener, TlsAcceptor),
+    SocketAddr,
+    Option<(tls::CertFiles, reload::Tracked, Arc<tls::Resolver>)>,
+)> {
+    let cert_files = match (tls_cert_file, tls_key_file) {
+        (Some(cert), Some(key)) => Some(tls::CertFiles { cert, key }),
+        _ => None,
+    };
+    let loaded = match &cert_files {
+        Some(files) => files.load()?,
+        None => {
+            let dev = tls::dev_cert()?;
+            let path = dev_ca_file
+                .unwrap_or_else(|| std::env::temp_dir().join("sidecar-injector-dev-ca.pem"));
+            std::fs::write(&path, &dev.ca_pem).with_context(|| {
+                format!("cannot write the development CA to {}", path.display())
+            })?;
+            tracing::warn!(
+                ca_file = %path.display(),
+                "no --tls-cert-file given: serving a self-signed development certificate for localhost, 127.0.0.1 and ::1; \
+                 its CA is written to ca_file (curl --cacert <ca_file> https://localhost:8443/...). Do not use it in a cluster"
+            );
+            dev.loaded
+        }
+    };
+    state.metrics.certificate_expiry(loaded.not_after);
+    let resolver = Arc::new(tls::Resolver::new(loaded.key.clone()));
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(resolver.clone())?));
+    let tls_listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listen = tls_listener.local_addr()?;
+    let cert_files =
+        cert_files.map(|f| (f, reload::Tracked::new(loaded.fingerprint), resolver));
+    Ok(((tls_listener, acceptor), listen, cert_files))
 }
 
 /// The HTTP/1.1 + HTTP/2 connection settings of both listeners: `header_read_timeout`

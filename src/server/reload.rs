@@ -45,8 +45,8 @@ const SETTLE: Duration = Duration::from_millis(100);
 
 pub struct Reloader {
     pub state: Arc<State>,
-    pub resolver: Arc<Resolver>,
-    pub cert_files: Option<(CertFiles, Tracked)>,
+    /// The certificate files, as last loaded, and where a new pair goes.
+    pub cert_files: Option<(CertFiles, Tracked, Arc<Resolver>)>,
     /// Configuration file and the directories to watch for it.
     pub config: Option<(PathBuf, Tracked, Vec<PathBuf>)>,
     pub interval: Duration,
@@ -57,7 +57,7 @@ pub async fn run(mut r: Reloader) {
     }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
     let mut dirs: Vec<PathBuf> = Vec::new();
-    if let Some((files, _)) = &r.cert_files {
+    if let Some((files, _, _)) = &r.cert_files {
         dirs.extend(files.watch_dirs());
     }
     if let Some((_, _, config_dirs)) = &r.config {
@@ -130,7 +130,7 @@ fn is_change(kind: &notify::EventKind) -> bool {
 
 impl Reloader {
     fn check_certificate(&mut self) {
-        let Some((files, tracked)) = &mut self.cert_files else {
+        let Some((files, tracked, resolver)) = &mut self.cert_files else {
             return;
         };
         let read = || {
@@ -151,7 +151,7 @@ impl Reloader {
         };
         match files.load() {
             Ok(loaded) => {
-                self.resolver.set(loaded.key);
+                resolver.set(loaded.key);
                 *tracked = Tracked::new(loaded.fingerprint);
                 self.state.metrics.certificate_expiry(loaded.not_after);
                 self.state.metrics.reload(ReloadKind::Certificate, true);

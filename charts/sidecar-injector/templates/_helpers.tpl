@@ -264,12 +264,30 @@ of its own (rendered as it is). */}}
 {{- define "sidecar-injector.backstopSync" -}}
 {{- $p := .Values.policies.backstop -}}
 {{- $vap := .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}
-{{- if and (include "sidecar-injector.inCluster" .) (not $p.manifest) -}}
+{{- if and (or (include "sidecar-injector.inCluster" .) (include "sidecar-injector.policyKeeper" .)) (not $p.manifest) -}}
 {{- if or (eq (toString $p.enabled) "true") (and (eq (toString $p.enabled) "auto") $vap) -}}true{{- end -}}
 {{- end -}}
 {{- end -}}
 
+{{/* Policy mode with no policies.mutating.manifest: "true" or "". One pod, off the admission
+path (`serve --policies-only`), applies the MutatingAdmissionPolicy (and the backstop)
+exported from the release's ConfigMap and keeps them in step on every reload; no webhook,
+Service or certificate. */}}
+{{- define "sidecar-injector.policyKeeper" -}}
+{{- if and (not (include "sidecar-injector.webhookMode" .)) .Values.deployment.enabled (not .Values.policies.mutating.manifest) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether a pod of this release runs `serve` (the webhook server, or the policy keeper). */}}
+{{- define "sidecar-injector.runsPods" -}}
+{{- if or (include "sidecar-injector.inCluster" .) (include "sidecar-injector.policyKeeper" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The MutatingAdmissionPolicy's name, as `export mutating` names it: from the revision. */}}
+{{- define "sidecar-injector.mutatingPolicyName" -}}
+{{- if .Values.revision -}}sidecar-injector-{{ .Values.revision }}{{- else -}}sidecar-injector{{- end -}}
+{{- end -}}
+
 {{/* The backstop's object names, as `export backstop` names them: from the revision. */}}
 {{- define "sidecar-injector.backstopName" -}}
-{{- if .Values.revision -}}sidecar-injector-{{ .Values.revision }}-backstop{{- else -}}sidecar-injector-backstop{{- end -}}
+{{ include "sidecar-injector.mutatingPolicyName" . }}-backstop
 {{- end -}}

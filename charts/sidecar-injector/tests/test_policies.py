@@ -128,9 +128,50 @@ def test_the_shipped_backstop_matches_a_fresh_export(tmp_path):
             f"files/policies/{name} is stale: run charts/export-policies.sh")
 
 
-def test_policy_mode_installs_policies_and_no_server(tmp_path):
-    err = render_error("mode=policy")
-    assert "needs policies.mutating.manifest" in err and "proxy" in err, err
+@pytest.mark.parametrize("sets", [
+    (),
+    # Any values: the keeper exports what it reads.
+    ("config.values.proxy.image=example/proxy:2", "revision=canary", "policies.mutating.apiVersion=v1beta1"),
+])
+def test_policy_mode_runs_a_keeper_and_no_webhook(sets):
+    out = render("mode=policy", *sets, api_versions=VAP)
+    kinds = set(out.kinds())
+    # Nothing exported is rendered, nothing of a webhook is installed: one pod keeps the policies.
+    assert not kinds & {"MutatingAdmissionPolicy", "ValidatingAdmissionPolicy"}, kinds
+    assert not kinds & (WEBHOOK_KINDS | {"Service", "PodDisruptionBudget", "Secret"}), kinds
+    deployment = out.one("Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    env = env_of(deployment)
+    name = deployment["metadata"]["name"]
+    assert env["SIDECAR_INJECTOR_POLICIES_ONLY"] == "true"
+    assert env["SIDECAR_INJECTOR_MUTATING_POLICY"] == ("v1beta1" if sets else "auto")
+    assert env["SIDECAR_INJECTOR_BACKSTOP"] == "true"
+    assert env["SIDECAR_INJECTOR_BACKSTOP_OWNER"] == f"ClusterRole/{name}-backstop"
+    assert not {"SIDECAR_INJECTOR_TLS_CERT_FILE", "SIDECAR_INJECTOR_LISTEN"} & set(env)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is True
+    assert [v["name"] for v in pod["volumes"]] == ["config"]
+    assert [p["name"] for p in pod["containers"][0]["ports"]] == ["admin"]
+    mutating = "sidecar-injector-canary" if sets else "sidecar-injector"
+    rules = rules_of(out, "ClusterRole", f"{name}-backstop")
+    assert rules[2:] == [
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingadmissionpolicies"],
+         "resourceNames": [mutating], "verbs": ["get", "create", "patch"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingadmissionpolicybindings"],
+         "resourceNames": [mutating, f"{mutating}-namespace"], "verbs": ["get", "create", "patch", "delete"]},
+        {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+         "resourceNames": [f"{name}-backstop"], "verbs": ["get"]},
+    ]
+    # Without the backstop the keeper still keeps the mutating policy.
+    off = render("mode=policy", "policies.backstop.enabled=false", api_versions=VAP)
+    assert "SIDECAR_INJECTOR_BACKSTOP" not in env_of(off.one("Deployment"))
+    assert [r["resources"] for r in rules_of(off, "ClusterRole", f"{name}-backstop")] == [
+        ["mutatingadmissionpolicies"], ["mutatingadmissionpolicybindings"], ["clusterroles"]]
+
+
+def test_policy_mode_with_manifests_of_ones_own_runs_nothing(tmp_path):
+    err = render_error("mode=policy", "deployment.enabled=false")
+    assert "needs policies.mutating.manifest" in err, err
     exe = binary()
     if exe is None:
         pytest.skip("no sidecar-injector binary built (cargo build)")
