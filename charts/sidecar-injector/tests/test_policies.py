@@ -164,8 +164,9 @@ def test_policy_mode_runs_a_keeper_and_no_webhook(sets):
     ]
     # Without the backstop the keeper still keeps the mutating policy.
     off = render("mode=policy", "policies.backstop.enabled=false", api_versions=VAP)
+    off_name = off.one("Deployment")["metadata"]["name"]
     assert "SIDECAR_INJECTOR_BACKSTOP" not in env_of(off.one("Deployment"))
-    assert [r["resources"] for r in rules_of(off, "ClusterRole", f"{name}-backstop")] == [
+    assert [r["resources"] for r in rules_of(off, "ClusterRole", f"{off_name}-backstop")] == [
         ["mutatingadmissionpolicies"], ["mutatingadmissionpolicybindings"], ["clusterroles"]]
 
 
