@@ -521,3 +521,45 @@ fn json_events(log: &str) -> impl Iterator<Item = serde_json::Value> + '_ {
     log.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
 }
+
+/// `--policies-only` (the chart's policy-mode keeper) binds no webhook listener and needs no
+/// certificate: only the admin port answers, and the policies it keeps are reported there
+/// (not in step here: no cluster to apply them to). Without a policy to keep it refuses to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_only_serves_no_webhooks() {
+    install_crypto();
+    let refused = Server::start(serve_args(&["--policies-only"]))
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        format!("{refused:#}").contains("needs a policy to keep"),
+        "{refused:#}"
+    );
+
+    let running = start(&[
+        "--policies-only",
+        "--mutating-policy",
+        "v1",
+        "--reload-interval",
+        "1s",
+    ])
+    .await;
+    // `--listen 127.0.0.1:0` was never bound: a bound listener reports its port.
+    assert_eq!(
+        running.server_addr.port(),
+        0,
+        "a webhook listener was bound"
+    );
+    let (status, _) = get(running.admin_addr, "/readyz").await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let reported = eventually(Duration::from_secs(10), async || {
+        let (_, metrics) = get(running.admin_addr, "/metrics").await.unwrap();
+        metrics.contains("sidecar_injector_backstop_in_step{policy=\"sidecar-injector\"} 0")
+            && metrics.contains("sidecar_injector_backstop_syncs_total{result=\"error\"}")
+            && !metrics.contains("policy=\"sidecar-injector-backstop\"")
+    })
+    .await;
+    assert!(reported, "the kept policy is not reported on /metrics");
+    running.stop().await;
+}

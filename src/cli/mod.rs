@@ -35,7 +35,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the mutating (/mutate) and validating (/validate) webhooks over TLS.
-    Serve(crate::server::ServeArgs),
+    Serve(Box<crate::server::ServeArgs>),
     /// Inject sidecars into manifests and print the result (YAML).
     ///
     /// Reads multi-document YAML or JSON, including the `kind: List` that `kubectl get -o

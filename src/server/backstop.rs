@@ -86,10 +86,16 @@ impl std::str::FromStr for Owner {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let (api_version, kind, name) = match s.split_once('/') {
-            None => ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", s),
-            Some(("MutatingWebhookConfiguration", n)) => {
-                ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", n)
-            }
+            None => (
+                "admissionregistration.k8s.io/v1",
+                "MutatingWebhookConfiguration",
+                s,
+            ),
+            Some(("MutatingWebhookConfiguration", n)) => (
+                "admissionregistration.k8s.io/v1",
+                "MutatingWebhookConfiguration",
+                n,
+            ),
             Some(("ClusterRole", n)) => ("rbac.authorization.k8s.io/v1", "ClusterRole", n),
             Some((kind, _)) => {
                 return Err(format!(
@@ -140,7 +146,14 @@ pub async fn run(state: Arc<State>, policies: Policies) {
         };
         let mut failed = Vec::new();
         let mut applied = false;
-        for (policy, outcome) in keep_all(connected.as_deref().map_err(String::as_str), &inj, &policies, force).await {
+        for (policy, outcome) in keep_all(
+            connected.as_deref().map_err(String::as_str),
+            &inj,
+            &policies,
+            force,
+        )
+        .await
+        {
             match outcome {
                 Ok(result) => {
                     state.metrics.backstop_sync(&policy, result);
@@ -228,8 +241,9 @@ async fn keep_all(
                     Some(MutatingApi::V1beta1) => MutatingVersion::V1beta1,
                     _ => served_mutating_version(client).await?,
                 };
-                policy::mutating(inj, &policies.selection, version)
-                    .context("cannot export the MutatingAdmissionPolicy of the configuration served")?
+                policy::mutating(inj, &policies.selection, version).context(
+                    "cannot export the MutatingAdmissionPolicy of the configuration served",
+                )?
             } else {
                 policy::backstop(inj, &policies.selection, policies.check_images)
                     .context("cannot export the backstop of the configuration served")?
@@ -350,7 +364,10 @@ async fn owner_reference(client: &kube::Client, owner: &Owner) -> anyhow::Result
     let api: Api<DynamicObject> =
         Api::all_with(client.clone(), &resource(owner.api_version, owner.kind));
     let object = api.get(&owner.name).await.with_context(|| {
-        format!("cannot read {} {} (the policies' owner)", owner.kind, owner.name)
+        format!(
+            "cannot read {} {} (the policies' owner)",
+            owner.kind, owner.name
+        )
     })?;
     let uid = object
         .metadata
@@ -403,14 +420,27 @@ mod tests {
         let mwc: Owner = "injector".parse().unwrap();
         assert_eq!(
             (mwc.kind, mwc.api_version, mwc.name.as_str()),
-            ("MutatingWebhookConfiguration", "admissionregistration.k8s.io/v1", "injector")
+            (
+                "MutatingWebhookConfiguration",
+                "admissionregistration.k8s.io/v1",
+                "injector"
+            )
         );
         let role: Owner = "ClusterRole/injector-backstop".parse().unwrap();
         assert_eq!(
             (role.kind, role.api_version, role.name.as_str()),
-            ("ClusterRole", "rbac.authorization.k8s.io/v1", "injector-backstop")
+            (
+                "ClusterRole",
+                "rbac.authorization.k8s.io/v1",
+                "injector-backstop"
+            )
         );
-        assert!("ConfigMap/x".parse::<Owner>().unwrap_err().contains("ConfigMap"));
+        assert!(
+            "ConfigMap/x"
+                .parse::<Owner>()
+                .unwrap_err()
+                .contains("ConfigMap")
+        );
         assert!("ClusterRole/".parse::<Owner>().is_err());
     }
 }

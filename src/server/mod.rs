@@ -148,11 +148,7 @@ pub struct BackstopArgs {
     /// Serve no webhooks: no TLS listener and no certificate, only the admin port, reloads and
     /// the policies kept in step (--backstop, --mutating-policy). The chart's policy mode runs
     /// this: the API server injects, and this process only keeps its policies current.
-    #[arg(
-        long = "policies-only",
-        env = "SIDECAR_INJECTOR_POLICIES_ONLY",
-        requires = "mutating"
-    )]
+    #[arg(long = "policies-only", env = "SIDECAR_INJECTOR_POLICIES_ONLY")]
     pub policies_only: bool,
     #[command(flatten)]
     pub selection: crate::load::SelectionArgs,
@@ -469,8 +465,7 @@ async fn webhook_listener(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let listen = tls_listener.local_addr()?;
-    let cert_files =
-        cert_files.map(|f| (f, reload::Tracked::new(loaded.fingerprint), resolver));
+    let cert_files = cert_files.map(|f| (f, reload::Tracked::new(loaded.fingerprint), resolver));
     Ok(((tls_listener, acceptor), listen, cert_files))
 }
 

@@ -79,7 +79,7 @@ pub fn serve_args(extra: &[&str]) -> ServeArgs {
     ];
     argv.extend_from_slice(extra);
     match Cli::try_parse_from(argv).unwrap().command {
-        Command::Serve(args) => args,
+        Command::Serve(args) => *args,
         other => panic!("not serve: {other:?}"),
     }
 }
