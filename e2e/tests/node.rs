@@ -665,18 +665,8 @@ async fn n06_policy_mode_pods_run_with_no_injector() -> anyhow::Result<()> {
                             }
                         }
                     }))?;
-                    Api::<Deployment>::namespaced(cx.client.clone(), &ns)
-                        .create(&PostParams::default(), &deployment)
-                        .await?;
+                    let pod = web_pod_running(&cx, &ns, &deployment).await?;
                     let pods = cx.pods_in(&ns);
-                    let pod = eventually("the policy-injected pod running", RUNNING, || async {
-                        let list = pods.list(&ListParams::default().labels("app=web")).await?;
-                        let Some(pod) = list.items.into_iter().next() else { return Ok(None) };
-                        let status = pod.status.clone().unwrap_or_default();
-                        let all_running = status.container_statuses.iter().flatten().all(|c| c.ready);
-                        Ok((status.phase.as_deref() == Some("Running") && all_running && is_ready(&pod)).then_some(pod))
-                    })
-                    .await?;
                     let spec = pod.spec.clone().unwrap_or_default();
                     let inits: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
                     ensure!(inits == ["mesh-agent", "app-init"], "init containers {inits:?}");
@@ -984,30 +974,7 @@ extraTemplates:
 
 /// The backstop's `sidecar-injector.io/config` annotation and its owner's name, if it exists.
 async fn backstop_state(cx: &Ctx, name: &str) -> anyhow::Result<Option<(String, String)>> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "admissionregistration.k8s.io",
-        "v1",
-        "ValidatingAdmissionPolicy",
-    ));
-    let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
-    Ok(api.get_opt(name).await?.map(|o| {
-        let digest = o
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("sidecar-injector.io/config").cloned())
-            .unwrap_or_default();
-        let owner = o
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .map(|r| format!("{}/{}", r.kind, r.name))
-            .collect::<Vec<_>>()
-            .join(",");
-        (digest, owner)
-    }))
+    policy_state(cx, "v1", "ValidatingAdmissionPolicy", name).await
 }
 
 /// n08. The backstop follows the release's configuration by itself. A second release of the
@@ -1030,15 +997,7 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
         let chart = cx.env.chart.display().to_string();
         let dir = tempfile::tempdir()?;
         let (v1, v2) = (dir.path().join("v1.yaml"), dir.path().join("v2.yaml"));
-        // The image the suite's own release runs (made by `make image`, never pulled).
-        let image = Api::<Deployment>::namespaced(cx.client.clone(), &cx.env.injector_namespace)
-            .get(&cx.env.webhook_config)
-            .await?
-            .spec
-            .and_then(|s| s.template.spec)
-            .and_then(|s| s.containers.into_iter().next())
-            .and_then(|c| c.image)
-            .context("the suite's injector Deployment names no image")?;
+        let image = suite_image(&cx).await?;
         std::fs::write(&v1, b2_values(&image, "agent-v1"))?;
         std::fs::write(&v2, b2_values(&image, "agent-v2"))?;
         let (v1, v2) = (v1.display().to_string(), v2.display().to_string());
@@ -1129,11 +1088,7 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
             anyhow::Ok(())
         }
         .await;
-        if body.is_err() {
-            cx.helm(&["uninstall", RELEASE, "-n", &release_ns, "--timeout", "60s"]).await.ok();
-        }
-        cx.delete_namespace(&release_ns).await.ok();
-        body
+        release_cleanup(&cx, RELEASE, &release_ns, body).await
     })
     .await
 }
@@ -1218,14 +1173,7 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
         let chart = cx.env.chart.display().to_string();
         let dir = tempfile::tempdir()?;
         let (v1, v2) = (dir.path().join("v1.yaml"), dir.path().join("v2.yaml"));
-        let image = Api::<Deployment>::namespaced(cx.client.clone(), &cx.env.injector_namespace)
-            .get(&cx.env.webhook_config)
-            .await?
-            .spec
-            .and_then(|s| s.template.spec)
-            .and_then(|s| s.containers.into_iter().next())
-            .and_then(|c| c.image)
-            .context("the suite's injector Deployment names no image")?;
+        let image = suite_image(&cx).await?;
         std::fs::write(&v1, p2_values(&image, 15001))?;
         std::fs::write(&v2, p2_values(&image, 15101))?;
         let (v1, v2) = (v1.display().to_string(), v2.display().to_string());
@@ -1249,7 +1197,7 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
             .await?;
             ensure!(owners == owner, "the mutating policy's owners: {owners:?}");
             let (backstop, owners) = eventually("the keeper to apply the backstop", WAIT_LONG, || async {
-                Ok(policy_state(&cx, "v1", "ValidatingAdmissionPolicy", &format!("{POLICY}-backstop")).await?.filter(|(d, _)| !d.is_empty()))
+                Ok(backstop_state(&cx, &format!("{POLICY}-backstop")).await?.filter(|(d, _)| !d.is_empty()))
             })
             .await?;
             ensure!(backstop == first && owners == owner, "the backstop: config {backstop}, owners {owners:?}");
@@ -1276,18 +1224,8 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
                         }
                     }
                 }))?;
-                Api::<Deployment>::namespaced(cx.client.clone(), &ns)
-                    .create(&PostParams::default(), &deployment)
-                    .await?;
+                let pod = web_pod_running(&cx, &ns, &deployment).await?;
                 let run_pods = cx.pods_in(&ns);
-                let pod = eventually("the policy-injected pod running", RUNNING, || async {
-                    let list = run_pods.list(&ListParams::default().labels("app=web")).await?;
-                    let Some(pod) = list.items.into_iter().next() else { return Ok(None) };
-                    let status = pod.status.clone().unwrap_or_default();
-                    let all_ready = status.container_statuses.iter().flatten().all(|c| c.ready);
-                    Ok((status.phase.as_deref() == Some("Running") && all_ready && is_ready(&pod)).then_some(pod))
-                })
-                .await?;
                 let spec = pod.spec.clone().unwrap_or_default();
                 let inits: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
                 ensure!(inits == [PROXY], "init containers {inits:?}");
@@ -1338,7 +1276,7 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
             eventually("no policy left after helm uninstall", WAIT_LONG, || async {
                 let left = (
                     policy_state(&cx, version, "MutatingAdmissionPolicy", POLICY).await?,
-                    policy_state(&cx, "v1", "ValidatingAdmissionPolicy", &format!("{POLICY}-backstop")).await?,
+                    backstop_state(&cx, &format!("{POLICY}-backstop")).await?,
                 );
                 Ok((left == (None, None)).then_some(()))
             })
@@ -1346,11 +1284,58 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
             anyhow::Ok(())
         }
         .await;
-        if body.is_err() {
-            cx.helm(&["uninstall", RELEASE, "-n", &release_ns, "--timeout", "60s"]).await.ok();
-        }
-        cx.delete_namespace(&release_ns).await.ok();
-        body
+        release_cleanup(&cx, RELEASE, &release_ns, body).await
     })
     .await
+}
+
+/// The image the suite's own release runs (made by `make image`, never pulled).
+async fn suite_image(cx: &Ctx) -> anyhow::Result<String> {
+    Api::<Deployment>::namespaced(cx.client.clone(), &cx.env.injector_namespace)
+        .get(&cx.env.webhook_config)
+        .await?
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.image)
+        .context("the suite's injector Deployment names no image")
+}
+
+/// Creates `deployment` (one replica, pods labelled `app=web`) in `ns` and waits for its pod
+/// to run with every container ready.
+async fn web_pod_running(cx: &Ctx, ns: &str, deployment: &Deployment) -> anyhow::Result<Pod> {
+    Api::<Deployment>::namespaced(cx.client.clone(), ns)
+        .create(&PostParams::default(), deployment)
+        .await?;
+    let pods = cx.pods_in(ns);
+    eventually("the policy-injected pod running", RUNNING, || async {
+        let list = pods.list(&ListParams::default().labels("app=web")).await?;
+        let Some(pod) = list.items.into_iter().next() else {
+            return Ok(None);
+        };
+        let status = pod.status.clone().unwrap_or_default();
+        let all_ready = status.container_statuses.iter().flatten().all(|c| c.ready);
+        Ok(
+            (status.phase.as_deref() == Some("Running") && all_ready && is_ready(&pod))
+                .then_some(pod),
+        )
+    })
+    .await
+}
+
+/// After a scenario's own release: uninstalled if the scenario failed (it uninstalls it itself
+/// when it passes), and its namespace deleted.
+async fn release_cleanup(
+    cx: &Ctx,
+    release: &str,
+    release_ns: &str,
+    body: anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    if body.is_err() {
+        cx.helm(&["uninstall", release, "-n", release_ns, "--timeout", "60s"])
+            .await
+            .ok();
+    }
+    cx.delete_namespace(release_ns).await.ok();
+    body
 }
