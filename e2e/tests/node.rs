@@ -1202,6 +1202,12 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
             .await?;
             ensure!(backstop == first && owners == owner, "the backstop: config {backstop}, owners {owners:?}");
             println!("n11: the keeper applied {POLICY} ({version}) and its backstop, config {first}");
+            // The API server loads a new policy a moment after it is stored.
+            let pod = |name: &str| labelled(opted_in(name), REVISION_LABEL, "p2");
+            eventually("the API server injecting by the policy", WAIT_LONG, || async {
+                Ok(dry_run(&pods, &pod("first")).await.ok().filter(|p| proxy_port(p).is_some()))
+            })
+            .await?;
 
             let ns = cx.extra_namespace("run", &[]).await?;
             let result = async {
@@ -1262,7 +1268,6 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
                 Ok(policy_state(&cx, version, "MutatingAdmissionPolicy", POLICY).await?.filter(|(d, _)| !d.is_empty() && *d != first))
             })
             .await?;
-            let pod = |name: &str| labelled(opted_in(name), REVISION_LABEL, "p2");
             let after = eventually("a pod injected with the new proxy port", WAIT_LONG, || async {
                 let p = dry_run(&pods, &pod("after")).await.map_err(|e| anyhow::anyhow!("refused: {}", refusal(&e)))?;
                 Ok((proxy_port(&p) == Some(15101)).then_some(p))
