@@ -286,6 +286,9 @@ async fn n03_injector_runs_as_its_charts_deployment() -> anyhow::Result<()> {
                 "injector pod runs {image:?}"
             );
         }
+        if cx.env.two_nodes {
+            check_spread(&deployment, &pods)?;
+        }
         let pdb: PodDisruptionBudget = Api::namespaced(cx.client.clone(), &ns)
             .get(&release)
             .await?;
@@ -322,6 +325,37 @@ async fn n03_injector_runs_as_its_charts_deployment() -> anyhow::Result<()> {
         Ok(())
     })
     .await
+}
+
+/// With two nodes: the chart's Deployment spreads its pods over `kubernetes.io/hostname` and
+/// its ready pods run on two different nodes.
+fn check_spread(deployment: &Deployment, pods: &[Pod]) -> anyhow::Result<()> {
+    let spread = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.topology_spread_constraints.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.topology_key == "kubernetes.io/hostname" && c.max_skew == 1)
+        });
+    ensure!(
+        spread,
+        "the Deployment has no topologySpreadConstraint over kubernetes.io/hostname"
+    );
+    let mut nodes: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    println!("injector pods on nodes {nodes:?}");
+    nodes.sort();
+    nodes.dedup();
+    ensure!(
+        nodes.len() == pods.len(),
+        "the injector's {} pods share nodes: {nodes:?}",
+        pods.len()
+    );
+    Ok(())
 }
 
 fn check_stream(report: &StreamReport, during: &str) -> anyhow::Result<()> {
