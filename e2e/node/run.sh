@@ -52,7 +52,7 @@ E2E_NODES=${E2E_NODES:-1}
 export E2E_NODES
 # The scenarios that need a second node are left out of a one-node run (counted and run alike).
 e2e_node_count_skips() {
-  if [[ "$E2E_NODES" != 2 ]]; then E2E_TEST_SKIP="n09_ n10_"; else E2E_TEST_SKIP=""; fi
+  if [[ "$E2E_NODES" != 2 ]]; then E2E_TEST_SKIP="two_nodes"; else E2E_TEST_SKIP=""; fi
   export E2E_TEST_SKIP
 }
 die() { log "ERROR: $*"; exit 1; }

@@ -22,8 +22,8 @@ use sidecar_injector_e2e::cluster::{Ctx, scenario};
 use sidecar_injector_e2e::env::Need;
 use sidecar_injector_e2e::eventually;
 use sidecar_injector_e2e::node::{
-    BUSYBOX, PodStream, StreamReport, injector_pods, is_ready, line_with, logs, served_certificate,
-    wait_rolled_out,
+    BUSYBOX, Outcome, PodStream, Sample, StreamReport, TimedStream, injector_pods, is_ready,
+    line_with, logs, refusal_kind, served_certificate, wait_rolled_out,
 };
 use sidecar_injector_e2e::pods::{
     INJECT_LABEL, LOG_DIR, LOG_SHIPPER, PROXY, PROXY_PORT, check_injected,
@@ -1168,6 +1168,380 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
         }
         cx.delete_namespace(&release_ns).await.ok();
         body
+    })
+    .await
+}
+
+/// The second node's name (e2e/node/node.sh up2).
+const NODE2: &str = "e2e-node-2";
+
+/// The injector's ready pods as (pod, node, IP).
+async fn replicas(
+    cx: &Ctx,
+    ns: &str,
+    release: &str,
+) -> anyhow::Result<Vec<(String, String, String)>> {
+    Ok(injector_pods(&cx.client, ns, release)
+        .await?
+        .into_iter()
+        .filter_map(|p| {
+            Some((
+                p.metadata.name.clone()?,
+                p.spec.as_ref()?.node_name.clone()?,
+                p.status.as_ref()?.pod_ip.clone()?,
+            ))
+        })
+        .collect())
+}
+
+/// Deletes `pod` and waits until it is gone and the Deployment has rolled out again.
+async fn replace_pod(cx: &Ctx, ns: &str, release: &str, pod: &str) -> anyhow::Result<()> {
+    let pods = Api::<Pod>::namespaced(cx.client.clone(), ns);
+    pods.delete(pod, &DeleteParams::default()).await?;
+    eventually(
+        &format!("injector pod {pod} to be gone"),
+        ROLLOUT,
+        || async { Ok(pods.get_opt(pod).await?.is_none().then_some(())) },
+    )
+    .await?;
+    wait_rolled_out(&cx.client, ns, release, ROLLOUT).await
+}
+
+/// Brings the injector's two replicas back onto two nodes when an earlier scenario's rollout left
+/// them on one (the chart's spread is `ScheduleAnyway`: a preference the scheduler weighs when it
+/// places a pod, not a rule that moves pods): one of them is deleted, and its replacement must
+/// land on the other node. Returns the replicas, one per node.
+async fn spread_replicas(
+    cx: &Ctx,
+    ns: &str,
+    release: &str,
+) -> anyhow::Result<Vec<(String, String, String)>> {
+    wait_rolled_out(&cx.client, ns, release, ROLLOUT).await?;
+    let now = replicas(cx, ns, release).await?;
+    ensure!(
+        now.len() == 2,
+        "{} ready injector pods, expected 2",
+        now.len()
+    );
+    if now[0].1 != now[1].1 {
+        return Ok(now);
+    }
+    println!("both replicas on {}: replacing {}", now[0].1, now[0].0);
+    replace_pod(cx, ns, release, &now[0].0).await?;
+    let now = replicas(cx, ns, release).await?;
+    ensure!(
+        now.len() == 2 && now[0].1 != now[1].1,
+        "the replacement did not go to the empty node: {now:?}"
+    );
+    Ok(now)
+}
+
+/// Runs kubectl with the suite's kubeconfig; its combined output, and whether it succeeded.
+async fn kubectl(args: &[&str]) -> anyhow::Result<(bool, String)> {
+    let output = tokio::process::Command::new("kubectl")
+        .args(args)
+        .output()
+        .await
+        .context("cannot run kubectl")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((output.status.success(), text))
+}
+
+async fn drain(node: &str) -> anyhow::Result<String> {
+    let started = std::time::Instant::now();
+    let (ok, out) = kubectl(&[
+        "drain",
+        node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--force",
+        "--timeout=150s",
+    ])
+    .await?;
+    ensure!(ok, "kubectl drain {node} failed:\n{out}");
+    println!(
+        "kubectl drain {node}: {:.1} s\n  {}",
+        started.elapsed().as_secs_f64(),
+        out.trim().replace('\n', "\n  ")
+    );
+    Ok(out)
+}
+
+async fn uncordon(node: &str) -> anyhow::Result<()> {
+    let (ok, out) = kubectl(&["uncordon", node]).await?;
+    ensure!(ok, "kubectl uncordon {node} failed: {out}");
+    Ok(())
+}
+
+/// n09. Nodes are drained under a steady stream of opted-in pod creations (mutating
+/// failurePolicy Fail): draining the node of one replica evicts it and the replacement runs on
+/// the other node; draining that node, now holding both, waits on the PodDisruptionBudget (the
+/// second eviction is refused until the first replica's replacement is ready on the other node).
+/// Not one creation fails, every pod is stored injected; at the end the replicas are spread again.
+#[tokio::test]
+async fn n09_two_nodes_drain_waits_on_the_disruption_budget() -> anyhow::Result<()> {
+    scenario("n09-drain", &[Need::Node, Need::TwoNodes], |cx| async move {
+        let ns = cx.env.injector_namespace.clone();
+        let release = cx.env.webhook_config.clone();
+        let node1 = std::env::var("E2E_NODE_NAME").unwrap_or_else(|_| "e2e-node".into());
+        let before = spread_replicas(&cx, &ns, &release).await?;
+        println!("replicas before: {before:?}");
+        let result = streaming_while(&cx, "two drains", || async {
+            // 1. The node of one replica: its eviction is allowed (2 healthy, 1 required).
+            drain(NODE2).await?;
+            wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+            let after = replicas(&cx, &ns, &release).await?;
+            ensure!(
+                after.len() == 2 && after.iter().all(|r| r.1 == node1),
+                "after draining {NODE2} the replicas are not both on {node1}: {after:?}"
+            );
+            println!("after draining {NODE2}: {after:?}");
+            // 2. The node holding both: the budget lets one go at a time.
+            uncordon(NODE2).await?;
+            let out = drain(&node1).await?;
+            ensure!(
+                out.contains("disruption budget"),
+                "draining {node1}, which held both replicas, never waited on the PodDisruptionBudget:\n{out}"
+            );
+            wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+            let after = replicas(&cx, &ns, &release).await?;
+            ensure!(
+                after.len() == 2 && after.iter().all(|r| r.1 == NODE2),
+                "after draining {node1} the replicas are not both on {NODE2}: {after:?}"
+            );
+            println!("after draining {node1}: {after:?}");
+            uncordon(&node1).await?;
+            Ok(())
+        })
+        .await;
+        // Both nodes schedulable again whatever happened, and the replicas spread: the pod
+        // replaced goes to the empty node.
+        let _ = uncordon(NODE2).await;
+        let _ = uncordon(&node1).await;
+        result?;
+        let spread = spread_replicas(&cx, &ns, &release).await?;
+        println!("replicas spread again: {spread:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// The failure policies and timeouts of the release's pod entries, as registered.
+async fn webhook_settings(cx: &Ctx) -> anyhow::Result<String> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    let name = &cx.env.webhook_config;
+    let m: MutatingWebhookConfiguration = Api::all(cx.client.clone()).get(name).await?;
+    let v: ValidatingWebhookConfiguration = Api::all(cx.client.clone()).get(name).await?;
+    let m = m.webhooks.unwrap_or_default();
+    let v = v.webhooks.unwrap_or_default();
+    let m = m.first().context("no mutating webhook")?;
+    let v = v.first().context("no validating webhook")?;
+    Ok(format!(
+        "mutating failurePolicy {} timeoutSeconds {}, validating failurePolicy {} timeoutSeconds {}",
+        m.failure_policy.as_deref().unwrap_or("?"),
+        m.timeout_seconds.unwrap_or_default(),
+        v.failure_policy.as_deref().unwrap_or("?"),
+        v.timeout_seconds.unwrap_or_default()
+    ))
+}
+
+/// Per second of creation start (relative to the node's failure): started, answered (stored
+/// injected), stored without sidecars, refused, and the callers' waits. Prints it with the
+/// refusal kinds and returns the rows.
+fn node_loss_table(samples: &[Sample], failed_at: Duration, marks: &[(Duration, &str)]) -> String {
+    use std::collections::BTreeMap;
+    let secs = |d: Duration| {
+        let (d, f) = (d.as_secs_f64(), failed_at.as_secs_f64());
+        (d - f).floor() as i64
+    };
+    let mut rows: BTreeMap<i64, Vec<&Sample>> = BTreeMap::new();
+    for s in samples {
+        rows.entry(secs(s.started)).or_default().push(s);
+    }
+    let mut out = String::from(
+        "| s | started | answered | refused | no sidecars | waited median | waited max | refusals | event |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (sec, row) in &rows {
+        let answered = row
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::Injected))
+            .count();
+        let lost = row
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::NotInjected))
+            .count();
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for s in row {
+            if let Outcome::Refused(m) = &s.outcome {
+                *kinds.entry(refusal_kind(m)).or_default() += 1;
+            }
+        }
+        let refused: usize = kinds.values().sum();
+        let mut waits: Vec<f64> = row.iter().map(|s| s.waited.as_secs_f64()).collect();
+        waits.sort_by(f64::total_cmp);
+        let median = waits.get(waits.len() / 2).copied().unwrap_or_default();
+        let max = waits.last().copied().unwrap_or_default();
+        let kinds = kinds
+            .iter()
+            .map(|(k, n)| format!("{n}× {k}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let event = marks
+            .iter()
+            .filter(|(at, _)| secs(*at) == *sec)
+            .map(|(_, what)| *what)
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.push_str(&format!(
+            "| {sec} | {} | {answered} | {refused} | {lost} | {median:.2} s | {max:.2} s | {kinds} | {event} |\n",
+            row.len()
+        ));
+    }
+    out
+}
+
+/// Pace and bounds of n10's stream: 10 creations a second, at most 1,500, at most 150 s.
+const LOSS_EVERY: Duration = Duration::from_millis(100);
+const LOSS_LIMIT: usize = 1_500;
+const LOSS_MAX: Duration = Duration::from_secs(150);
+/// How long n10 waits, after the failure, for the dead replica's endpoint to go: the node
+/// controller's grace period (40-50 s by default) and the endpoint controller's sync.
+const LOSS_WINDOW_MAX: Duration = Duration::from_secs(110);
+/// Creations measured once the endpoint has gone.
+const LOSS_AFTER: Duration = Duration::from_secs(8);
+
+/// n10. The node of one replica dies without warning under a stream of opted-in pod creations
+/// made at a fixed pace whatever the answers (the chart's failure policies as registered): the
+/// node's packets are dropped, then its kubelet, containerd and containers killed. Measured per
+/// second until the dead replica's endpoint has left the Service and after: creations answered,
+/// refused (and why), and how long callers waited. Not one opted-in pod may be stored without its
+/// sidecars; once the endpoint is gone, not one creation may be refused. Then the node comes back
+/// and the Deployment is whole again.
+#[tokio::test]
+async fn n10_two_nodes_one_lost_without_warning() -> anyhow::Result<()> {
+    scenario("n10-node-loss", &[Need::Node, Need::TwoNodes], |cx| async move {
+        let ns = cx.env.injector_namespace.clone();
+        let release = cx.env.webhook_config.clone();
+        let spread = spread_replicas(&cx, &ns, &release).await?;
+        let victim = spread
+            .iter()
+            .find(|r| r.1 == NODE2)
+            .cloned()
+            .context("no replica on the second node")?;
+        println!("replicas: {spread:?}; {NODE2} will die with {}", victim.0);
+        println!("webhooks: {}", webhook_settings(&cx).await?);
+        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+            Api::namespaced(cx.client.clone(), &ns);
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cx.client.clone());
+        let stream = TimedStream::start(&cx.client, &cx.ns, LOSS_EVERY, LOSS_LIMIT, LOSS_MAX);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let failed_at = stream.elapsed();
+        let failed = cx.env.node_ctl("fail2").await;
+        let mut marks: Vec<(Duration, &str)> = vec![(failed_at, "node killed, packets dropped")];
+        let mut not_ready: Option<Duration> = None;
+        let mut gone: Option<Duration> = None;
+        let watched = async {
+            failed?;
+            loop {
+                let now = stream.elapsed();
+                if now - failed_at > LOSS_WINDOW_MAX {
+                    anyhow::bail!(
+                        "the dead replica's endpoint {} was still ready {LOSS_WINDOW_MAX:?} after its node died",
+                        victim.2
+                    );
+                }
+                if not_ready.is_none() {
+                    let node = nodes.get(NODE2).await?;
+                    let ready = node
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .find(|c| c.type_ == "Ready")
+                        .map(|c| c.status);
+                    if ready.as_deref() != Some("True") {
+                        not_ready = Some(now);
+                    }
+                }
+                let ready: Vec<String> = slices
+                    .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={release}")))
+                    .await?
+                    .items
+                    .into_iter()
+                    .flat_map(|s| s.endpoints)
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                    .flat_map(|e| e.addresses)
+                    .collect();
+                if !ready.contains(&victim.2) {
+                    gone = Some(now);
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            tokio::time::sleep(LOSS_AFTER).await;
+            anyhow::Ok(())
+        }
+        .await;
+        let samples = stream.stop().await?;
+        // The node comes back whatever happened: its kubelet restarts the replica.
+        let revived = cx.env.node_ctl("revive2").await;
+        watched?;
+        revived?;
+        let (not_ready, gone) = (
+            not_ready.context("the node was never seen NotReady")?,
+            gone.context("the endpoint never went")?,
+        );
+        marks.push((not_ready, "node NotReady"));
+        marks.push((gone, "endpoint not ready"));
+        let table = node_loss_table(&samples, failed_at, &marks);
+        let in_window: Vec<&Sample> = samples
+            .iter()
+            .filter(|s| s.started >= failed_at && s.started < gone)
+            .collect();
+        let refused_in_window = in_window
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::Refused(_)))
+            .count();
+        let waited_max = in_window
+            .iter()
+            .map(|s| s.waited.as_secs_f64())
+            .fold(0.0, f64::max);
+        println!(
+            "node loss: NotReady after {:.1} s, endpoint gone after {:.1} s; in that window {} creations, {} refused, longest wait {:.2} s\n{table}",
+            (not_ready - failed_at).as_secs_f64(),
+            (gone - failed_at).as_secs_f64(),
+            in_window.len(),
+            refused_in_window,
+            waited_max
+        );
+        let lost: Vec<&str> = samples
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::NotInjected))
+            .map(|s| s.name.as_str())
+            .collect();
+        ensure!(lost.is_empty(), "opted-in pods stored without sidecars: {lost:?}");
+        // Once the endpoint is gone (and a second for the apiserver's informer), every creation
+        // reaches the live replica.
+        let late: Vec<String> = samples
+            .iter()
+            .filter(|s| s.started >= gone + Duration::from_secs(1))
+            .filter_map(|s| match &s.outcome {
+                Outcome::Refused(m) => Some(format!("{}: {m}", s.name)),
+                _ => None,
+            })
+            .collect();
+        ensure!(late.is_empty(), "refused after the endpoint went: {late:#?}");
+        let before = samples.iter().filter(|s| s.started < failed_at).count();
+        ensure!(before >= 10, "only {before} creations before the failure");
+        // Whole again: the revived node's kubelet restarts its replica.
+        wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+        Ok(())
     })
     .await
 }
