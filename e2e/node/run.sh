@@ -29,10 +29,10 @@
 # Ends with "N passed, M failed"; WORKDIR is kept after a failure.
 #   env KEEP_WORKDIR=1  keep WORKDIR after a pass too
 #   env E2E_TEST_FILTER run only scenarios whose name contains this
-#   env E2E_NODES=2     a second node (node.sh up2: its own network namespace, containerd,
-#                       kubelet and pod subnet) before the chart is installed, and the
-#                       scenarios that need two (n09 drain, n10 node loss); default 1, which
-#                       leaves them out
+#   env E2E_NODES=2     (the default) a second node (node.sh up2: its own network namespace,
+#                       containerd, kubelet and pod subnet) before the chart is installed, and
+#                       the scenarios that need two (n09 drain, n10 node loss); 1 leaves them
+#                       out (--skip, so the count says so)
 #   env E2E_IMAGE_ARCHIVE the injector's image as `docker save` wrote it, tagged
 #                       local/sidecar-injector:e2e (make test builds it once for every suite);
 #                       default: built here by e2e/docker/build-image.sh
@@ -47,7 +47,7 @@ CARGO=${CARGO:-cargo}
 RELEASE=sidecar-injector
 RELEASE_NAMESPACE=sidecar-injector
 log() { e2e_log "node: $*"; }
-E2E_NODES=${E2E_NODES:-1}
+E2E_NODES=${E2E_NODES:-2}
 [[ "$E2E_NODES" == 1 || "$E2E_NODES" == 2 ]] || { e2e_log "node: ERROR: E2E_NODES must be 1 or 2"; exit 2; }
 export E2E_NODES
 # The scenarios that need a second node are left out of a one-node run (counted and run alike).
@@ -77,6 +77,11 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
   e2e_node_count_skips
   TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
+  if [[ -n "$E2E_TEST_SKIP" ]]; then
+    left_out=$("$CARGO" "${E2E_SUITE[@]}" --quiet -- --list "$E2E_TEST_SKIP" 2>/dev/null |
+      sed -n 's/: test$//p' | paste -sd ' ' -)
+    log "E2E_NODES=$E2E_NODES: $(wc -w <<<"$left_out") scenarios left out (they need two nodes): $left_out"
+  fi
   WORKDIR=$(mktemp -d -t sidecar-injector-node.XXXXXX)
   log "WORKDIR $WORKDIR"
   IMAGES="$WORKDIR/images"
