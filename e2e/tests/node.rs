@@ -1403,7 +1403,144 @@ fn node_loss_table(samples: &[Sample], failed_at: Duration, marks: &[(Duration, 
             row.len()
         ));
     }
+    let mut examples: BTreeMap<String, &str> = BTreeMap::new();
+    for s in samples {
+        if let Outcome::Refused(m) = &s.outcome {
+            examples.entry(refusal_kind(m)).or_insert(m.as_str());
+        }
+    }
+    for (kind, message) in examples {
+        let message: String = message.chars().take(400).collect();
+        out.push_str(&format!("{kind}, e.g.: {message}\n"));
+    }
     out
+}
+
+/// The suite's release has no backstop (e2e/node/values.yaml: other scenarios stop the injector
+/// and expect the webhooks' own answers). n10 measures the chart's defaults, backstop included:
+/// `helm upgrade --reuse-values` turns it on (the pods roll, and the servers apply it), and off
+/// again afterwards, when the policy and its bindings, which the servers leave behind (owned by
+/// the MutatingWebhookConfiguration, which stays), are deleted once no server of the backstop
+/// release is left to apply them again.
+async fn release_backstop(cx: &Ctx, ns: &str, release: &str, on: bool) -> anyhow::Result<()> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let chart = cx.env.chart.display().to_string();
+    let set = format!("policies.backstop.enabled={on}");
+    cx.helm(&[
+        "upgrade",
+        release,
+        &chart,
+        "-n",
+        ns,
+        "--reuse-values",
+        "--set",
+        &set,
+        "--wait",
+        "--timeout",
+        "150s",
+    ])
+    .await?;
+    wait_rolled_out(&cx.client, ns, release, ROLLOUT).await?;
+    let policy = format!("{release}-backstop");
+    if on {
+        let (digest, owner) =
+            eventually("the servers to apply the backstop", WAIT_LONG, || async {
+                Ok(backstop_state(cx, &policy)
+                    .await?
+                    .filter(|(d, _)| !d.is_empty()))
+            })
+            .await?;
+        println!("backstop on: {policy} (configuration {digest}, owned by {owner})");
+        return Ok(());
+    }
+    // No pod of the backstop release may be left (terminating pods still run their servers).
+    let pods: Api<Pod> = Api::namespaced(cx.client.clone(), ns);
+    eventually(
+        "the backstop release's pods to be gone",
+        ROLLOUT,
+        || async {
+            let list = pods
+                .list(
+                    &ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")),
+                )
+                .await?;
+            let left = list.items.iter().any(|p| {
+                p.metadata.deletion_timestamp.is_some()
+                    || p.spec
+                        .as_ref()
+                        .and_then(|s| s.automount_service_account_token)
+                        == Some(true)
+            });
+            Ok((!left).then_some(()))
+        },
+    )
+    .await?;
+    for (kind, name) in [
+        ("ValidatingAdmissionPolicyBinding", policy.clone()),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            format!("{policy}-namespace"),
+        ),
+        ("ValidatingAdmissionPolicy", policy.clone()),
+    ] {
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            kind,
+        ));
+        let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot delete {kind} {name}")),
+        }
+    }
+    ensure!(
+        backstop_state(cx, &policy).await?.is_none(),
+        "{policy} is still there"
+    );
+    println!("backstop off again: {policy} deleted");
+    Ok(())
+}
+
+/// The API server's established TCP connections to each of `ips`, by destination address and
+/// port (`ss` in the run's network namespace, where the API server runs): which replicas it
+/// holds connections to, and how many.
+async fn connections_to(ips: &[&str]) -> String {
+    let output = match tokio::process::Command::new("ss")
+        .args(["-Htn", "state", "established"])
+        .output()
+        .await
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => return format!("ss failed: {e}"),
+    };
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for line in output.lines() {
+        // Recv-Q Send-Q Local:Port Peer:Port
+        let Some(peer) = line.split_whitespace().nth(3) else {
+            continue;
+        };
+        if ips
+            .iter()
+            .any(|ip| peer.rsplit_once(':').is_some_and(|(a, _)| a == *ip))
+        {
+            *counts.entry(peer.to_owned()).or_default() += 1;
+        }
+    }
+    let mut out: Vec<String> = ips
+        .iter()
+        .map(|ip| {
+            let n: usize = counts
+                .iter()
+                .filter(|(p, _)| p.starts_with(&format!("{ip}:")))
+                .map(|(_, n)| n)
+                .sum();
+            format!("{ip}: {n}")
+        })
+        .collect();
+    out.push(format!("{counts:?}"));
+    out.join(", ")
 }
 
 /// Pace and bounds of n10's stream: 10 creations a second, at most 1,500, at most 150 s.
@@ -1425,28 +1562,54 @@ const LOSS_AFTER: Duration = Duration::from_secs(8);
 /// and the Deployment is whole again.
 #[tokio::test]
 async fn n10_two_nodes_one_lost_without_warning() -> anyhow::Result<()> {
-    scenario("n10-node-loss", &[Need::Node, Need::TwoNodes], |cx| async move {
-        let ns = cx.env.injector_namespace.clone();
-        let release = cx.env.webhook_config.clone();
-        let spread = spread_replicas(&cx, &ns, &release).await?;
-        let victim = spread
-            .iter()
-            .find(|r| r.1 == NODE2)
-            .cloned()
-            .context("no replica on the second node")?;
-        println!("replicas: {spread:?}; {NODE2} will die with {}", victim.0);
-        println!("webhooks: {}", webhook_settings(&cx).await?);
-        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
-            Api::namespaced(cx.client.clone(), &ns);
-        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cx.client.clone());
-        let stream = TimedStream::start(&cx.client, &cx.ns, LOSS_EVERY, LOSS_LIMIT, LOSS_MAX);
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let failed_at = stream.elapsed();
-        let failed = cx.env.node_ctl("fail2").await;
-        let mut marks: Vec<(Duration, &str)> = vec![(failed_at, "node killed, packets dropped")];
-        let mut not_ready: Option<Duration> = None;
-        let mut gone: Option<Duration> = None;
-        let watched = async {
+    scenario(
+        "n10-node-loss",
+        &[Need::Node, Need::TwoNodes],
+        |cx| async move {
+            let ns = cx.env.injector_namespace.clone();
+            let release = cx.env.webhook_config.clone();
+            let on = release_backstop(&cx, &ns, &release, true).await;
+            let measured = match on {
+                Ok(()) => node_loss(&cx, &ns, &release).await,
+                Err(e) => Err(e),
+            };
+            // Off again whatever happened: the scenarios after this one expect no backstop.
+            let off = release_backstop(&cx, &ns, &release, false).await;
+            measured?;
+            off
+        },
+    )
+    .await
+}
+
+/// n10's measurement, with the release as it is (the backstop on).
+async fn node_loss(cx: &Ctx, ns: &str, release: &str) -> anyhow::Result<()> {
+    let (ns, release) = (ns.to_owned(), release.to_owned());
+    let spread = spread_replicas(cx, &ns, &release).await?;
+    let victim = spread
+        .iter()
+        .find(|r| r.1 == NODE2)
+        .cloned()
+        .context("no replica on the second node")?;
+    println!("replicas: {spread:?}; {NODE2} will die with {}", victim.0);
+    println!("webhooks: {}", webhook_settings(cx).await?);
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(cx.client.clone(), &ns);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cx.client.clone());
+    let ips: Vec<&str> = spread.iter().map(|r| r.2.as_str()).collect();
+    let stream = TimedStream::start(&cx.client, &cx.ns, LOSS_EVERY, LOSS_LIMIT, LOSS_MAX);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Which replicas the API server holds connections to when the node dies, and later.
+    println!(
+        "API server's connections to the replicas before the failure: {}",
+        connections_to(&ips).await
+    );
+    let failed_at = stream.elapsed();
+    let failed = cx.env.node_ctl("fail2").await;
+    let mut marks: Vec<(Duration, &str)> = vec![(failed_at, "node killed, packets dropped")];
+    let mut not_ready: Option<Duration> = None;
+    let mut gone: Option<Duration> = None;
+    let watched = async {
             failed?;
             loop {
                 let now = stream.elapsed();
@@ -1482,66 +1645,77 @@ async fn n10_two_nodes_one_lost_without_warning() -> anyhow::Result<()> {
                     gone = Some(now);
                     break;
                 }
+                if (now - failed_at).as_secs() % 10 == 5 && (now - failed_at).subsec_millis() < 250 {
+                    println!(
+                        "{:.0} s after the failure, API server's connections: {}",
+                        (now - failed_at).as_secs_f64(),
+                        connections_to(&ips).await
+                    );
+                }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             tokio::time::sleep(LOSS_AFTER).await;
             anyhow::Ok(())
         }
         .await;
-        let samples = stream.stop().await?;
-        // The node comes back whatever happened: its kubelet restarts the replica.
-        let revived = cx.env.node_ctl("revive2").await;
-        watched?;
-        revived?;
-        let (not_ready, gone) = (
-            not_ready.context("the node was never seen NotReady")?,
-            gone.context("the endpoint never went")?,
-        );
-        marks.push((not_ready, "node NotReady"));
-        marks.push((gone, "endpoint not ready"));
-        let table = node_loss_table(&samples, failed_at, &marks);
-        let in_window: Vec<&Sample> = samples
-            .iter()
-            .filter(|s| s.started >= failed_at && s.started < gone)
-            .collect();
-        let refused_in_window = in_window
-            .iter()
-            .filter(|s| matches!(s.outcome, Outcome::Refused(_)))
-            .count();
-        let waited_max = in_window
-            .iter()
-            .map(|s| s.waited.as_secs_f64())
-            .fold(0.0, f64::max);
-        println!(
-            "node loss: NotReady after {:.1} s, endpoint gone after {:.1} s; in that window {} creations, {} refused, longest wait {:.2} s\n{table}",
-            (not_ready - failed_at).as_secs_f64(),
-            (gone - failed_at).as_secs_f64(),
-            in_window.len(),
-            refused_in_window,
-            waited_max
-        );
-        let lost: Vec<&str> = samples
-            .iter()
-            .filter(|s| matches!(s.outcome, Outcome::NotInjected))
-            .map(|s| s.name.as_str())
-            .collect();
-        ensure!(lost.is_empty(), "opted-in pods stored without sidecars: {lost:?}");
-        // Once the endpoint is gone (and a second for the apiserver's informer), every creation
-        // reaches the live replica.
-        let late: Vec<String> = samples
-            .iter()
-            .filter(|s| s.started >= gone + Duration::from_secs(1))
-            .filter_map(|s| match &s.outcome {
-                Outcome::Refused(m) => Some(format!("{}: {m}", s.name)),
-                _ => None,
-            })
-            .collect();
-        ensure!(late.is_empty(), "refused after the endpoint went: {late:#?}");
-        let before = samples.iter().filter(|s| s.started < failed_at).count();
-        ensure!(before >= 10, "only {before} creations before the failure");
-        // Whole again: the revived node's kubelet restarts its replica.
-        wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
-        Ok(())
-    })
-    .await
+    let samples = stream.stop().await?;
+    // The node comes back whatever happened: its kubelet restarts the replica.
+    let revived = cx.env.node_ctl("revive2").await;
+    watched?;
+    revived?;
+    let (not_ready, gone) = (
+        not_ready.context("the node was never seen NotReady")?,
+        gone.context("the endpoint never went")?,
+    );
+    marks.push((not_ready, "node NotReady"));
+    marks.push((gone, "endpoint not ready"));
+    let table = node_loss_table(&samples, failed_at, &marks);
+    let in_window: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.started >= failed_at && s.started < gone)
+        .collect();
+    let refused_in_window = in_window
+        .iter()
+        .filter(|s| matches!(s.outcome, Outcome::Refused(_)))
+        .count();
+    let waited_max = in_window
+        .iter()
+        .map(|s| s.waited.as_secs_f64())
+        .fold(0.0, f64::max);
+    println!(
+        "node loss: NotReady after {:.1} s, endpoint gone after {:.1} s; in that window {} creations, {} refused, longest wait {:.2} s\n{table}",
+        (not_ready - failed_at).as_secs_f64(),
+        (gone - failed_at).as_secs_f64(),
+        in_window.len(),
+        refused_in_window,
+        waited_max
+    );
+    let lost: Vec<&str> = samples
+        .iter()
+        .filter(|s| matches!(s.outcome, Outcome::NotInjected))
+        .map(|s| s.name.as_str())
+        .collect();
+    ensure!(
+        lost.is_empty(),
+        "opted-in pods stored without sidecars: {lost:?}"
+    );
+    // Once the endpoint is gone (and a second for the apiserver's informer), every creation
+    // reaches the live replica.
+    let late: Vec<String> = samples
+        .iter()
+        .filter(|s| s.started >= gone + Duration::from_secs(1))
+        .filter_map(|s| match &s.outcome {
+            Outcome::Refused(m) => Some(format!("{}: {m}", s.name)),
+            _ => None,
+        })
+        .collect();
+    ensure!(
+        late.is_empty(),
+        "refused after the endpoint went: {late:#?}"
+    );
+    let before = samples.iter().filter(|s| s.started < failed_at).count();
+    ensure!(before >= 10, "only {before} creations before the failure");
+    // Whole again: the revived node's kubelet restarts its replica.
+    wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+    Ok(())
 }
