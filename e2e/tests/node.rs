@@ -1441,6 +1441,24 @@ async fn release_backstop(cx: &Ctx, ns: &str, release: &str, on: bool) -> anyhow
     ])
     .await?;
     wait_rolled_out(&cx.client, ns, release, ROLLOUT).await?;
+    // No pod of the release as it was may be left: a terminating pod is a not-ready endpoint,
+    // which skews the API server's choice of endpoint (it starts at a random index and takes
+    // the next ready one), and a server of the backstop release would apply it again.
+    let pods: Api<Pod> = Api::namespaced(cx.client.clone(), ns);
+    eventually("the release's earlier pods to be gone", ROLLOUT, || async {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+            .await?;
+        let left = list.items.iter().any(|p| {
+            p.metadata.deletion_timestamp.is_some()
+                || p.spec
+                    .as_ref()
+                    .and_then(|s| s.automount_service_account_token)
+                    != Some(on)
+        });
+        Ok((!left).then_some(()))
+    })
+    .await?;
     let policy = format!("{release}-backstop");
     if on {
         let (digest, owner) =
@@ -1453,28 +1471,6 @@ async fn release_backstop(cx: &Ctx, ns: &str, release: &str, on: bool) -> anyhow
         println!("backstop on: {policy} (configuration {digest}, owned by {owner})");
         return Ok(());
     }
-    // No pod of the backstop release may be left (terminating pods still run their servers).
-    let pods: Api<Pod> = Api::namespaced(cx.client.clone(), ns);
-    eventually(
-        "the backstop release's pods to be gone",
-        ROLLOUT,
-        || async {
-            let list = pods
-                .list(
-                    &ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")),
-                )
-                .await?;
-            let left = list.items.iter().any(|p| {
-                p.metadata.deletion_timestamp.is_some()
-                    || p.spec
-                        .as_ref()
-                        .and_then(|s| s.automount_service_account_token)
-                        == Some(true)
-            });
-            Ok((!left).then_some(()))
-        },
-    )
-    .await?;
     for (kind, name) in [
         ("ValidatingAdmissionPolicyBinding", policy.clone()),
         (
@@ -1604,6 +1600,23 @@ async fn node_loss(cx: &Ctx, ns: &str, release: &str) -> anyhow::Result<()> {
         "API server's connections to the replicas before the failure: {}",
         connections_to(&ips).await
     );
+    let endpoints: Vec<String> = slices
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={release}")))
+        .await?
+        .items
+        .into_iter()
+        .flat_map(|s| s.endpoints)
+        .map(|e| {
+            let c = e.conditions.unwrap_or_default();
+            format!(
+                "{} ready={:?} terminating={:?}",
+                e.addresses.join(","),
+                c.ready,
+                c.terminating
+            )
+        })
+        .collect();
+    println!("the Service's endpoints before the failure: {endpoints:?}");
     let failed_at = stream.elapsed();
     let failed = cx.env.node_ctl("fail2").await;
     let mut marks: Vec<(Duration, &str)> = vec![(failed_at, "node killed, packets dropped")];
