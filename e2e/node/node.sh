@@ -4,11 +4,17 @@
 # e2e/node/run.sh creates (unshare -n -m): every address below exists only there.
 #
 # Usage (inside the namespace): e2e/node/node.sh up WORKDIR IMAGES_DIR | down WORKDIR
+#                                | up2 WORKDIR IMAGES_DIR | fail2 WORKDIR | revive2 WORKDIR
 #   env CONTROL_PLANE_BIN_DIR  kubelet and kube-scheduler (built by e2e/control-plane/build.sh)
 # `up` expects the control plane started with CONTROL_PLANE_NODE_IP=$NODE_IP (WORKDIR/env); it
 # starts containerd, imports IMAGES_DIR/*.tar, starts the kubelet and the scheduler, and waits
 # for the node to be Ready. `down` stops the kubelet and the scheduler, kills every pod's task,
-# stops containerd and removes the node's cgroups.
+# stops containerd and removes the node's cgroups (the second node's too, when there is one).
+# `up2` (E2E_NODES=2) adds a second node, e2e-node-2, in a network namespace of its own (a child
+# of the run's, joined to it by a veth pair): its own containerd, kubelet, pod subnet and CNI
+# bridge, the same binaries and images. `fail2` makes it die without warning: every packet
+# to or from it dropped, then its kubelet, containerd and containers killed; `revive2` lifts the
+# drop and starts its containerd and kubelet again.
 set -euo pipefail
 
 HERE=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
@@ -19,9 +25,31 @@ NODE_NAME=e2e-node
 NODE_IP=192.168.77.2
 NODE_GW=192.168.77.1
 POD_SUBNET=10.88.0.0/24
-# The pods' cgroups, under every controller's hierarchy, one per run (WORKDIR's name), so two
-# runs never share one; removed by `down`.
-cgroup_root() { echo "/sidecar-injector-e2e-$(basename "$1")"; }
+# The second node (up2): its network namespace, the veth between the two (e2e-n2 in the run's
+# namespace, eth0 in the node's), its address and its pods' subnet, routed through it.
+NODE2_NAME=e2e-node-2
+NODE2_NETNS=e2e-node2
+NODE2_IP=192.168.78.2
+NODE2_GW=192.168.78.1
+NODE2_LINK=e2e-n2
+POD2_SUBNET=10.88.1.0/24
+# The pods' cgroups, under every controller's hierarchy, one per run (WORKDIR's name) and node,
+# so two runs or two nodes never share one; removed by `down`.
+cgroup_root() { echo "/sidecar-injector-e2e-$(basename "$1")${2:-}"; } # workdir [node suffix]
+
+# What differs between the two nodes: set by node_vars 1|2.
+#   ND   the node's directory (containerd/, kubelet/, cni/, pod-logs/): WORKDIR or WORKDIR/node2
+#   NP   prefix of its logs and pid files (logs/NPkubelet.log, run/NPkubelet.pid)
+#   NX   the command prefix that runs a program in its network namespace (empty for node 1)
+#   CG   its cgroup suffix
+node_vars() { # workdir 1|2
+  if [[ "$2" == 1 ]]; then
+    N_NAME=$NODE_NAME N_IP=$NODE_IP N_SUBNET=$POD_SUBNET ND=$1 NP="" NX=() CG=""
+  else
+    N_NAME=$NODE2_NAME N_IP=$NODE2_IP N_SUBNET=$POD2_SUBNET ND=$1/node2 NP=node2- CG=-node2
+    NX=(nsenter "--net=/run/netns/$NODE2_NETNS" --)
+  fi
+}
 
 log() { printf '[node %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -57,7 +85,7 @@ setup_namespace() { # workdir
   mount --bind "$w/resolv.conf" /etc/resolv.conf
 }
 
-write_containerd_config() { # workdir
+write_containerd_config() { # node dir
   local w=$1
   cat >"$w/containerd/config.toml" <<TOML
 version = 2
@@ -100,7 +128,7 @@ TOML
       "hairpinMode": true,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{"subnet": "$POD_SUBNET"}]],
+        "ranges": [[{"subnet": "$N_SUBNET"}]],
         "routes": [{"dst": "0.0.0.0/0"}],
         "dataDir": "$w/cni/ipam"
       }
@@ -112,10 +140,10 @@ TOML
 JSON
 }
 
-write_kubelet_config() { # workdir
-  local w=$1
+write_kubelet_config() { # workdir node-dir server client-cert client-key
+  local W0=$1 w=$2 server=$3 cert=$4 key=$5
   # shellcheck source=/dev/null
-  . "$w/env"
+  . "$W0/env"
   local pki="$CONTROL_PLANE_WORKDIR/pki"
   cat >"$w/kubelet/kubeconfig" <<EOF2
 apiVersion: v1
@@ -123,13 +151,13 @@ kind: Config
 clusters:
 - name: e2e
   cluster:
-    server: $APISERVER_URL
+    server: $server
     certificate-authority: $pki/ca.crt
 users:
 - name: kubelet
   user:
-    client-certificate: $pki/kubelet.crt
-    client-key: $pki/kubelet.key
+    client-certificate: $cert
+    client-key: $key
 contexts:
 - name: e2e
   context: {cluster: e2e, user: kubelet}
@@ -141,10 +169,10 @@ kind: KubeletConfiguration
 # This machine runs cgroup v1: kubelet 1.35 refuses it unless told, and drives it by cgroupfs.
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupRoot: $(cgroup_root "$w")
+cgroupRoot: $(cgroup_root "$W0" "$CG")
 failSwapOn: false
 containerRuntimeEndpoint: unix://$w/containerd/containerd.sock
-address: $NODE_IP
+address: $N_IP
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -170,19 +198,25 @@ EOF2
 }
 
 start_proc() { # workdir name args...
-  local w=$1 name=$2
+  local w=$1 name=$2 pid i
   shift 2
   log "starting $name"
   setsid "$@" >>"$w/logs/$name.log" 2>&1 </dev/null &
-  echo "$!" >"$w/run/$name.pid"
-  cp_wait_exec "$!" "$w"
+  pid=$!
+  echo "$pid" >"$w/run/$name.pid"
+  cp_wait_exec "$pid" "$w"
+  # Started through nsenter (the second node): wait for its second exec as well.
+  for ((i = 0; i < 50; i++)); do
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == nsenter ]] || break
+    sleep 0.1
+  done
 }
 
 wait_until() { # seconds description command...
   local limit=$1 what=$2 t0=$SECONDS name
   shift 2
   until "$@" >/dev/null 2>&1; do
-    for name in containerd kubelet kube-scheduler; do
+    for name in containerd kubelet kube-scheduler node2-containerd node2-kubelet; do
       [[ -f "$W/run/$name.pid" ]] || continue
       cp_alive "$(<"$W/run/$name.pid")" "$W" ||
         die "$name exited; last lines of $W/logs/$name.log: $(tail -n 5 "$W/logs/$name.log")"
@@ -196,9 +230,9 @@ wait_until() { # seconds description command...
 # The kubelet wants its cgroupRoot to exist under every controller (cgroup v1); a cpuset
 # cgroup starts without CPUs or memory nodes, so it gets its parent's. (On cgroup v2, one
 # directory; not tried here: this machine runs v1.)
-make_cgroups() { # workdir
+make_cgroups() { # workdir [node suffix]
   local c root
-  root=$(cgroup_root "$1")
+  root=$(cgroup_root "$1" "${2:-}")
   if [[ -f /sys/fs/cgroup/cgroup.controllers ]]; then
     mkdir -p "/sys/fs/cgroup$root"
     return 0
@@ -214,14 +248,51 @@ make_cgroups() { # workdir
   done
 }
 
-CTR() { ctr --address "$W/containerd/containerd.sock" --namespace k8s.io "$@"; }
+CTR() { ctr --address "$ND/containerd/containerd.sock" --namespace k8s.io "$@"; }
+
+# containerd of the node (node_vars), its images imported from IMAGES_DIR.
+start_containerd() { # workdir images_dir
+  local tar
+  mkdir -p "$ND"/{containerd,cni/net.d,cni/ipam,kubelet,pod-logs}
+  write_containerd_config "$ND"
+  start_proc "$W" "${NP}containerd" "${NX[@]}" containerd --config "$ND/containerd/config.toml"
+  wait_until 30 "${NP}containerd" CTR version
+  [[ -n "$2" ]] || return 0
+  for tar in "$2"/*.tar; do
+    CTR images import --no-unpack=false "$tar" >>"$W/logs/${NP}ctr-import.log" 2>&1 ||
+      die "ctr images import $tar failed (see $W/logs/${NP}ctr-import.log)"
+  done
+  log "images: $(CTR images ls -q | grep -c '^docker.io/local/') imported into ${NP}containerd"
+}
+
+start_kubelet() { # workdir
+  local bin=${CONTROL_PLANE_BIN_DIR:?}
+  make_cgroups "$W" "$CG"
+  start_proc "$W" "${NP}kubelet" "${NX[@]}" "$bin/kubelet" \
+    --config="$ND/kubelet/config.yaml" \
+    --kubeconfig="$ND/kubelet/kubeconfig" \
+    --root-dir="$ND/kubelet/root" \
+    --cert-dir="$ND/kubelet/pki" \
+    --node-ip="$N_IP" \
+    --hostname-override="$N_NAME" \
+    --v=1
+}
+
+admin_curl() {
+  curl --silent --show-error --fail --noproxy '*' --max-time 5 \
+    --cacert "$CA_CERT" --cert "$ADMIN_CERT" --key "$ADMIN_KEY" "$@"
+}
+node_ready() { # name
+  admin_curl "$APISERVER_URL/api/v1/nodes/$1" | tr -d ' \n' | grep -q '"type":"Ready","status":"True"'
+}
 
 up() { # workdir images_dir
   W=$1
-  local images=$2 bin=${CONTROL_PLANE_BIN_DIR:?}
+  local images=$2
   [[ -f "$W/env" ]] || die "no $W/env: start the control plane first"
   # shellcheck source=/dev/null
   . "$W/env"
+  node_vars "$W" 1
   # What kube-proxy does for the `kubernetes` Service: its cluster IP, port 443, goes to the
   # API server on the node's address, so that pods reach the API as in any cluster (the
   # injector applies its backstop there). Inside this namespace only.
@@ -229,27 +300,11 @@ up() { # workdir images_dir
   iptables -t nat -A PREROUTING -d "${KUBERNETES_SERVICE_IP:?}" -p tcp --dport 443 \
     -j DNAT --to-destination "$NODE_IP:$port" ||
     die "cannot forward the kubernetes Service's address to the API server (iptables nat)"
-  write_containerd_config "$W"
-  start_proc "$W" containerd containerd --config "$W/containerd/config.toml"
-  wait_until 30 "containerd" CTR version
-  local tar
-  for tar in "$images"/*.tar; do
-    CTR images import --no-unpack=false "$tar" >>"$W/logs/ctr-import.log" 2>&1 ||
-      die "ctr images import $tar failed (see $W/logs/ctr-import.log)"
-  done
-  log "images: $(CTR images ls -q | grep -c '^docker.io/local/') imported"
-
-  write_kubelet_config "$W"
-  make_cgroups "$W"
-  start_proc "$W" kubelet "$bin/kubelet" \
-    --config="$W/kubelet/config.yaml" \
-    --kubeconfig="$W/kubelet/kubeconfig" \
-    --root-dir="$W/kubelet/root" \
-    --cert-dir="$W/kubelet/pki" \
-    --node-ip="$NODE_IP" \
-    --hostname-override="$NODE_NAME" \
-    --v=1
-  start_proc "$W" kube-scheduler "$bin/kube-scheduler" \
+  start_containerd "$W" "$images"
+  local pki="$CONTROL_PLANE_WORKDIR/pki"
+  write_kubelet_config "$W" "$W" "$APISERVER_URL" "$pki/kubelet.crt" "$pki/kubelet.key"
+  start_kubelet "$W"
+  start_proc "$W" kube-scheduler "${CONTROL_PLANE_BIN_DIR:?}/kube-scheduler" \
     --kubeconfig="$KUBECONFIG" \
     --authentication-kubeconfig="$KUBECONFIG" \
     --authorization-kubeconfig="$KUBECONFIG" \
@@ -257,13 +312,7 @@ up() { # workdir images_dir
     --secure-port=10259 \
     --leader-elect=false \
     --v=1
-  local admin=(curl --silent --show-error --fail --noproxy '*' --max-time 5
-    --cacert "$CA_CERT" --cert "$ADMIN_CERT" --key "$ADMIN_KEY")
-  node_ready() {
-    "${admin[@]}" "$APISERVER_URL/api/v1/nodes/$NODE_NAME" |
-      tr -d ' \n' | grep -q '"type":"Ready","status":"True"'
-  }
-  wait_until 90 "node $NODE_NAME Ready" node_ready
+  wait_until 90 "node $NODE_NAME Ready" node_ready "$NODE_NAME"
   wait_until 30 "kube-scheduler healthz" curl --silent --fail --insecure https://127.0.0.1:10259/healthz
   cat >>"$W/env" <<EOF2
 export NODE_NAME='$NODE_NAME'
@@ -272,6 +321,103 @@ export CONTAINERD_ADDRESS='$W/containerd/containerd.sock'
 EOF2
 }
 
+# ------------------------------------------------------------------ the second node
+# Its network namespace, named under /run/netns (a tmpfs of this mount namespace: it goes with
+# the run), joined to the run's by a veth pair; each side routes the other's pod subnet. The
+# run's namespace forwards between the first node's bridge and the pair; nothing else is
+# connected: no packet leaves the run's namespaces.
+setup_node2_network() { # workdir
+  local port=${APISERVER_URL##*:}
+  ip netns add "$NODE2_NETNS"
+  local N=(ip netns exec "$NODE2_NETNS")
+  ip link add "$NODE2_LINK" type veth peer name eth0 netns "$NODE2_NETNS"
+  ip addr add "$NODE2_GW/24" dev "$NODE2_LINK"
+  ip link set "$NODE2_LINK" up
+  ip route add "$POD2_SUBNET" via "$NODE2_IP" dev "$NODE2_LINK"
+  "${N[@]}" ip link set lo up
+  "${N[@]}" ip addr add "$NODE2_IP/24" dev eth0
+  "${N[@]}" ip link set eth0 up
+  "${N[@]}" ip route add default via "$NODE2_GW" dev eth0
+  # Both namespaces route between pod subnets (a fresh namespace does not forward).
+  echo 1 >/proc/sys/net/ipv4/ip_forward
+  "${N[@]}" sh -c 'echo 1 >/proc/sys/net/ipv4/ip_forward'
+  # The `kubernetes` Service for this node's pods, as on the first node.
+  "${N[@]}" iptables -t nat -A PREROUTING -d "${KUBERNETES_SERVICE_IP:?}" -p tcp --dport 443 \
+    -j DNAT --to-destination "$NODE_IP:$port" ||
+    die "cannot forward the kubernetes Service's address on $NODE2_NAME (iptables nat)"
+}
+
+up2() { # workdir images_dir
+  W=$1
+  local images=$2
+  # shellcheck source=/dev/null
+  . "$W/env"
+  [[ -n "${NODE_NAME:-}" ]] || die "start the first node first (node.sh up)"
+  node_vars "$W" 2
+  setup_node2_network "$W"
+  # Its own identity for the Node authorizer: system:node:e2e-node-2, from the clients' CA.
+  local pki="$CONTROL_PLANE_WORKDIR/pki" cp=$ND/kubelet/client
+  mkdir -p "$cp"
+  {
+    openssl req -new -newkey rsa:2048 -nodes -keyout "$cp/kubelet.key" -out "$cp/kubelet.csr" \
+      -subj "/O=system:nodes/CN=system:node:$NODE2_NAME" &&
+      printf 'basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n' \
+        >"$cp/kubelet.ext" &&
+      openssl x509 -req -in "$cp/kubelet.csr" -CA "$pki/client-ca.crt" -CAkey "$pki/client-ca.key" \
+        -CAcreateserial -CAserial "$cp/ca.srl" -days 2 -sha256 -extfile "$cp/kubelet.ext" \
+        -out "$cp/kubelet.crt"
+  } >>"$W/logs/openssl.log" 2>&1 || die "cannot sign $NODE2_NAME's kubelet certificate"
+  chmod 600 "$cp/kubelet.key"
+  start_containerd "$W" "$images"
+  # It reaches the API server at the first node's address (its certificate names it).
+  write_kubelet_config "$W" "$ND" "https://$NODE_IP:${APISERVER_URL##*:}" "$cp/kubelet.crt" "$cp/kubelet.key"
+  start_kubelet "$W"
+  wait_until 90 "node $NODE2_NAME Ready" node_ready "$NODE2_NAME"
+  cat >>"$W/env" <<EOF2
+export NODE2_NAME='$NODE2_NAME'
+export NODE2_IP='$NODE2_IP'
+EOF2
+}
+
+# The drop rules of fail2, in the run's namespace: every packet to or from the second node.
+DROP_RULES=("INPUT -i $NODE2_LINK" "OUTPUT -o $NODE2_LINK" "FORWARD -i $NODE2_LINK" "FORWARD -o $NODE2_LINK")
+drop2() { # -I|-D
+  local r rc=0
+  for r in "${DROP_RULES[@]}"; do
+    # shellcheck disable=SC2086 # a chain and its match, one word each
+    iptables "$1" $r -j DROP 2>/dev/null || rc=1
+  done
+  return "$rc"
+}
+
+# The second node dies without warning: its network first (a dead node answers nothing, not even
+# a reset), then everything of it killed at once: kubelet, containerd, shims, containers.
+fail2() { # workdir
+  W=$1
+  node_vars "$W" 2
+  drop2 -I || die "cannot drop the second node's packets (iptables)"
+  local name
+  for name in node2-kubelet node2-containerd; do
+    [[ -f "$W/run/$name.pid" ]] && kill -KILL "$(<"$W/run/$name.pid")" 2>/dev/null || true
+  done
+  pkill -KILL -f -- "containerd-shim.*$ND/" 2>/dev/null || true
+  kill_cgroup_procs "$W" "$CG"
+  log "$NODE2_NAME failed: packets dropped, kubelet, containerd and containers killed"
+}
+
+revive2() { # workdir
+  W=$1
+  # shellcheck source=/dev/null
+  . "$W/env"
+  node_vars "$W" 2
+  while drop2 -D; do :; done
+  rm -f "$W/run/node2-kubelet.pid" "$W/run/node2-containerd.pid"
+  start_containerd "$W" ""
+  start_kubelet "$W"
+  wait_until 90 "node $NODE2_NAME Ready again" node_ready "$NODE2_NAME"
+}
+
+# ------------------------------------------------------------------ teardown
 stop_pidfile() { # workdir name
   local pidfile="$1/run/$2.pid" pid
   [[ -f "$pidfile" ]] || return 0
@@ -283,9 +429,9 @@ stop_pidfile() { # workdir name
 # Kills what is still in the node's cgroups and waits (5 s at most) until they are empty: all of
 # it is the run's. A container that was being created when teardown killed its shim leaves its
 # `runc init` waiting for a start that never comes, holding its cgroup (seen once in a CI run).
-kill_cgroup_procs() { # workdir
+kill_cgroup_procs() { # workdir [node suffix]
   local root pids i
-  root=$(cgroup_root "$1")
+  root=$(cgroup_root "$1" "${2:-}")
   for ((i = 0; i < 50; i++)); do
     pids=$(find /sys/fs/cgroup/*"$root" "/sys/fs/cgroup$root" -name cgroup.procs \
       -exec cat {} + 2>/dev/null | sort -u) || true # (a hierarchy may be missing)
@@ -296,10 +442,10 @@ kill_cgroup_procs() { # workdir
   done
 }
 
-remove_cgroups() { # workdir
+remove_cgroups() { # workdir [node suffix]
   local d root
-  root=$(cgroup_root "$1")
-  kill_cgroup_procs "$1"
+  root=$(cgroup_root "$1" "${2:-}")
+  kill_cgroup_procs "$1" "${2:-}"
   for d in /sys/fs/cgroup/*"$root" "/sys/fs/cgroup$root"; do
     [[ -d "$d" ]] || continue
     # Deepest first: a cgroup directory goes only when empty of children.
@@ -307,12 +453,12 @@ remove_cgroups() { # workdir
   done
 }
 
-down() { # workdir
-  W=$1
+# Stops one node (node_vars): kubelet, every pod task, containerd, leftover shims, cgroups.
+down_node() { # workdir
   local rc=0 t
-  stop_pidfile "$W" kubelet || rc=1
-  stop_pidfile "$W" kube-scheduler || rc=1
-  if [[ -S "$W/containerd/containerd.sock" ]]; then
+  stop_pidfile "$W" "${NP}kubelet" || rc=1
+  [[ -z "$NP" ]] && { stop_pidfile "$W" kube-scheduler || rc=1; }
+  if [[ -f "$W/run/${NP}containerd.pid" ]] && cp_pid_is_ours "$(<"$W/run/${NP}containerd.pid")" "$W"; then
     for t in $(CTR tasks ls -q 2>/dev/null); do
       CTR tasks kill -s SIGKILL "$t" >/dev/null 2>&1 || true
     done
@@ -321,16 +467,39 @@ down() { # workdir
       CTR tasks rm -f "$t" >/dev/null 2>&1 || true
     done
   fi
-  stop_pidfile "$W" containerd || rc=1
-  # A shim whose containerd is gone: named by its -address under WORKDIR.
+  stop_pidfile "$W" "${NP}containerd" || rc=1
+  # A shim whose containerd is gone: named by its -address under the node's directory.
+  if [[ -z "$NP" ]]; then
+    pkill -KILL -f -- "containerd-shim.*$W/containerd/" 2>/dev/null || true
+  else
+    pkill -KILL -f -- "containerd-shim.*$ND/" 2>/dev/null || true
+  fi
+  remove_cgroups "$W" "$CG"
+  return "$rc"
+}
+
+down() { # workdir
+  W=$1
+  local rc=0
+  if [[ -d "$W/node2" ]]; then
+    node_vars "$W" 2
+    down_node || rc=1
+    while drop2 -D; do :; done
+    ip netns del "$NODE2_NETNS" 2>/dev/null || true
+  fi
+  node_vars "$W" 1
+  down_node || rc=1
+  # Any shim of the run (both nodes' are under WORKDIR).
   pkill -KILL -f -- "containerd-shim.*$W/" 2>/dev/null || true
-  remove_cgroups "$W"
   return "$rc"
 }
 
 case "${1:-}" in
   setup) setup_namespace "$2" ;;
   up) up "$2" "$3" ;;
+  up2) up2 "$2" "$3" ;;
+  fail2) fail2 "$2" ;;
+  revive2) revive2 "$2" ;;
   down) down "$2" ;;
-  *) sed -n '2,12p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
 esac

@@ -29,6 +29,10 @@
 # Ends with "N passed, M failed"; WORKDIR is kept after a failure.
 #   env KEEP_WORKDIR=1  keep WORKDIR after a pass too
 #   env E2E_TEST_FILTER run only scenarios whose name contains this
+#   env E2E_NODES=2     (the default) a second node (node.sh up2: its own network namespace,
+#                       containerd, kubelet and pod subnet) before the chart is installed, and
+#                       the scenarios that need two (n09 drain, n10 node loss); 1 leaves them
+#                       out (--skip, so the count says so)
 #   env E2E_IMAGE_ARCHIVE the injector's image as `docker save` wrote it, tagged
 #                       local/sidecar-injector:e2e (make test builds it once for every suite);
 #                       default: built here by e2e/docker/build-image.sh
@@ -43,6 +47,14 @@ CARGO=${CARGO:-cargo}
 RELEASE=sidecar-injector
 RELEASE_NAMESPACE=sidecar-injector
 log() { e2e_log "node: $*"; }
+E2E_NODES=${E2E_NODES:-2}
+[[ "$E2E_NODES" == 1 || "$E2E_NODES" == 2 ]] || { e2e_log "node: ERROR: E2E_NODES must be 1 or 2"; exit 2; }
+export E2E_NODES
+# The scenarios that need a second node are left out of a one-node run (counted and run alike).
+e2e_node_count_skips() {
+  if [[ "$E2E_NODES" != 2 ]]; then E2E_TEST_SKIP="two_nodes"; else E2E_TEST_SKIP=""; fi
+  export E2E_TEST_SKIP
+}
 die() { log "ERROR: $*"; exit 1; }
 cd "$REPO"
 
@@ -63,7 +75,13 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
   "$CARGO" build --bin sidecar-injector
   TARGET_DIR=$(e2e_target_dir "$CARGO") || exit 1
   E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
+  e2e_node_count_skips
   TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
+  if [[ -n "$E2E_TEST_SKIP" ]]; then
+    left_out=$("$CARGO" "${E2E_SUITE[@]}" --quiet -- --list "$E2E_TEST_SKIP" 2>/dev/null |
+      sed -n 's/: test$//p' | paste -sd ' ' -)
+    log "E2E_NODES=$E2E_NODES: $(wc -w <<<"$left_out") scenarios left out (they need two nodes): $left_out"
+  fi
   WORKDIR=$(mktemp -d -t sidecar-injector-node.XXXXXX)
   log "WORKDIR $WORKDIR"
   IMAGES="$WORKDIR/images"
@@ -84,8 +102,8 @@ if [[ "${E2E_NODE_INSIDE:-0}" != 1 ]]; then
     rc=1
   fi
   # The pods' cgroups live outside the namespaces: node.sh down removes them.
-  for d in /sys/fs/cgroup/*/"sidecar-injector-e2e-$(basename "$WORKDIR")" \
-    "/sys/fs/cgroup/sidecar-injector-e2e-$(basename "$WORKDIR")"; do
+  for d in /sys/fs/cgroup/*/"sidecar-injector-e2e-$(basename "$WORKDIR")"{,-node2} \
+    "/sys/fs/cgroup/sidecar-injector-e2e-$(basename "$WORKDIR")"{,-node2}; do
     if [[ -d "$d" ]]; then
       log "ERROR: cgroup left behind: $d"
       rc=1
@@ -99,6 +117,7 @@ fi
 # ======================================================================== inside
 : "${WORKDIR:?}" "${BIN_DIR:?}" "${TARGET_DIR:?}" "${TOTAL:?}" "${PROMETHEUS_BIN:?}"
 E2E_SUITE=(test -p sidecar-injector-e2e --test scenarios --test policy --test node)
+e2e_node_count_skips
 PASSED=0
 FAILED=0
 cleanup() {
@@ -128,6 +147,11 @@ VERSION=$("${ADMIN_CURL[@]}" "$APISERVER_URL/version" |
   sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')
 echo "kube-apiserver $VERSION"
 CONTROL_PLANE_BIN_DIR="$BIN_DIR" bash "$HERE/node.sh" up "$WORKDIR" "$WORKDIR/images"
+if [[ "$E2E_NODES" == 2 ]]; then
+  t0=$SECONDS
+  CONTROL_PLANE_BIN_DIR="$BIN_DIR" bash "$HERE/node.sh" up2 "$WORKDIR" "$WORKDIR/images"
+  log "second node Ready in $((SECONDS - t0))s"
+fi
 # shellcheck source=/dev/null
 . "$WORKDIR/env"
 # shellcheck source=../../tools/env.sh source-path=SCRIPTDIR
@@ -201,6 +225,9 @@ export E2E_CHART="$REPO/charts/sidecar-injector"
 export E2E_RELEASE_NAMESPACE="$RELEASE_NAMESPACE"
 export E2E_WEBHOOK_CONFIG="$RELEASE"
 export E2E_NODE_NAME="$NODE_NAME"
+# n10 fails and revives the second node through node.sh (fail2, revive2).
+export E2E_NODE_CTL="$HERE/node.sh"
+export CONTROL_PLANE_BIN_DIR="$BIN_DIR"
 export E2E_CA_KEY="$CA_KEY"
 export E2E_SERVICE_DNS="$SERVICE_DNS"
 export E2E_APP_IMAGE=local/pause:1

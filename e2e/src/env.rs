@@ -44,6 +44,10 @@ pub enum Need {
     /// A Prometheus scraping the injector's pods with the chart's alert rules
     /// (`E2E_PROMETHEUS_URL`, `E2E_PROMETHEUS_RULES`), and stopping and starting the server.
     Prometheus,
+    /// Two nodes, the second of which the suite can fail and revive (`E2E_NODES=2`,
+    /// `E2E_NODE_CTL`: e2e/node/node.sh fail2|revive2). A one-node run leaves these scenarios
+    /// out (e2e/node/run.sh).
+    TwoNodes,
 }
 
 /// The environment of one run.
@@ -98,6 +102,12 @@ pub struct Env {
     pub prometheus_url: Option<String>,
     /// `E2E_PROMETHEUS_RULES`: the rule file that Prometheus loaded (the chart's rules).
     pub prometheus_rules: Option<PathBuf>,
+    /// `E2E_NODES=2`: the node run has a second node, `E2E_NODE2_NAME` (default `e2e-node-2`).
+    pub two_nodes: bool,
+    /// `E2E_NODE_CTL`: e2e/node/node.sh, to fail and revive the second node (with `E2E_WORKDIR`).
+    pub node_ctl: Option<PathBuf>,
+    /// `E2E_WORKDIR`: the run's directory.
+    pub workdir: Option<PathBuf>,
 }
 
 /// The host address of the suite's own servers unless `E2E_HOST_ADDRESS` names another.
@@ -148,6 +158,9 @@ impl Env {
             injector_admin_port: var("E2E_INJECTOR_ADMIN_PORT").and_then(|p| p.parse().ok()),
             prometheus_url: var("E2E_PROMETHEUS_URL"),
             prometheus_rules: var("E2E_PROMETHEUS_RULES").map(PathBuf::from),
+            two_nodes: var("E2E_NODES").as_deref() == Some("2"),
+            node_ctl: var("E2E_NODE_CTL").map(PathBuf::from),
+            workdir: var("E2E_WORKDIR").map(PathBuf::from),
         })
     }
 
@@ -201,13 +214,17 @@ impl Env {
                         && self.injector_ctl.is_some(),
                     "only the node suite (e2e/node/run.sh) runs a Prometheus scraping the injector",
                 ),
+                Need::TwoNodes => (
+                    self.two_nodes && self.node_ctl.is_some() && self.workdir.is_some(),
+                    "only the node suite with E2E_NODES=2 has a second node it can fail and revive",
+                ),
             };
             // Pods never run without a node: in local mode that is a reason, not a runner error.
             if !present
                 && self.mode == Mode::Local
                 && matches!(
                     need,
-                    Need::Node | Need::PodNetwork | Need::CaKey | Need::Prometheus
+                    Need::Node | Need::PodNetwork | Need::CaKey | Need::Prometheus | Need::TwoNodes
                 )
             {
                 return Ok(Some(kind_reason.into()));
@@ -228,6 +245,25 @@ impl Env {
 }
 
 impl Env {
+    /// Runs `E2E_NODE_CTL action E2E_WORKDIR` (e2e/node/node.sh fail2|revive2).
+    pub async fn node_ctl(&self, action: &str) -> anyhow::Result<()> {
+        let (Some(ctl), Some(workdir)) = (self.node_ctl.as_ref(), self.workdir.as_ref()) else {
+            anyhow::bail!("no E2E_NODE_CTL or E2E_WORKDIR");
+        };
+        let status = tokio::process::Command::new("bash")
+            .arg(ctl)
+            .arg(action)
+            .arg(workdir)
+            .status()
+            .await?;
+        anyhow::ensure!(
+            status.success(),
+            "{} {action} failed: {status}",
+            ctl.display()
+        );
+        Ok(())
+    }
+
     /// Stops or starts the server the webhooks call (`E2E_INJECTOR_CTL stop|start`: the local
     /// process, or on a node the Deployment scaled to 0 and back).
     pub async fn injector(&self, action: &str) -> anyhow::Result<()> {

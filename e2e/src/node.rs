@@ -212,3 +212,128 @@ pub async fn served_certificate(
         .map(|c| c.clone().into_owned())
         .context("the server presented no certificate")
 }
+
+/// What became of one creation of a [`TimedStream`].
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    /// Stored with the status annotation.
+    Injected,
+    /// Stored without it: an opted-in pod without its sidecars.
+    NotInjected,
+    /// Refused (or failed), with the message.
+    Refused(String),
+}
+
+/// One creation: when it started (since the stream started), how long the caller waited.
+#[derive(Clone, Debug)]
+pub struct Sample {
+    pub name: String,
+    pub started: Duration,
+    pub waited: Duration,
+    pub outcome: Outcome,
+}
+
+/// Opted-in pods created at a fixed pace whether or not the earlier ones were answered (as many
+/// callers would), at most `limit` and for at most `max` in all, each timed: what callers see
+/// while an endpoint hangs. The pods are never scheduled.
+pub struct TimedStream {
+    stop: Arc<AtomicBool>,
+    started: tokio::time::Instant,
+    task: tokio::task::JoinHandle<Vec<Sample>>,
+}
+
+impl TimedStream {
+    pub fn start(client: &Client, ns: &str, every: Duration, limit: usize, max: Duration) -> Self {
+        let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let started = tokio::time::Instant::now();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut running = tokio::task::JoinSet::new();
+            for i in 0..limit {
+                if flag.load(Ordering::Relaxed) || started.elapsed() >= max {
+                    break;
+                }
+                tick.tick().await;
+                let name = format!("timed-{i:04}");
+                let mut pod = opted_in(&name);
+                if let Some(spec) = pod.spec.as_mut() {
+                    spec.node_selector =
+                        Some([(NEVER_SCHEDULED.0.to_owned(), NEVER_SCHEDULED.1.to_owned())].into());
+                }
+                let pod = labelled(pod, "e2e.sidecar-injector.io/stream", "true");
+                let pods = pods.clone();
+                running.spawn(async move {
+                    let at = tokio::time::Instant::now();
+                    let result = pods.create(&PostParams::default(), &pod).await;
+                    let outcome = match result {
+                        Ok(stored) if status_annotation(&stored).is_some() => Outcome::Injected,
+                        Ok(_) => Outcome::NotInjected,
+                        Err(error) => Outcome::Refused(refusal(&error)),
+                    };
+                    Sample {
+                        name,
+                        started: at.duration_since(started),
+                        waited: at.elapsed(),
+                        outcome,
+                    }
+                });
+            }
+            let mut samples = Vec::new();
+            while let Some(done) = running.join_next().await {
+                if let Ok(sample) = done {
+                    samples.push(sample);
+                }
+            }
+            samples.sort_by_key(|s| s.started);
+            samples
+        });
+        Self {
+            stop,
+            started,
+            task,
+        }
+    }
+
+    /// Time since the stream started (the clock of [`Sample::started`]).
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Stops creating, waits for the creations under way, returns every sample.
+    pub async fn stop(self) -> anyhow::Result<Vec<Sample>> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.context("the timed stream task failed")
+    }
+}
+
+/// A refusal's message, shortened to its kind for a table: which webhook or policy, and why.
+pub fn refusal_kind(message: &str) -> String {
+    let hook = if message.contains("validate.sidecar-injector.io") {
+        "validating"
+    } else if message.contains("inject.sidecar-injector.io") {
+        "mutating"
+    } else if message.contains("ValidatingAdmissionPolicy") {
+        return "backstop (ValidatingAdmissionPolicy) refused it".into();
+    } else {
+        return message.chars().take(120).collect();
+    };
+    let why = if message.contains("failed calling webhook") {
+        if message.contains("deadline exceeded") || message.contains("Timeout") {
+            "call timed out"
+        } else if message.contains("no endpoints available") {
+            "no endpoints"
+        } else if message.contains("connection refused") {
+            "connection refused"
+        } else {
+            "call failed"
+        }
+    } else if message.contains("denied the request") {
+        "denied"
+    } else {
+        "refused"
+    };
+    format!("{hook} webhook: {why}")
+}

@@ -22,8 +22,8 @@ use sidecar_injector_e2e::cluster::{Ctx, scenario};
 use sidecar_injector_e2e::env::Need;
 use sidecar_injector_e2e::eventually;
 use sidecar_injector_e2e::node::{
-    BUSYBOX, PodStream, StreamReport, injector_pods, is_ready, line_with, logs, served_certificate,
-    wait_rolled_out,
+    BUSYBOX, Outcome, PodStream, Sample, StreamReport, TimedStream, injector_pods, is_ready,
+    line_with, logs, refusal_kind, served_certificate, wait_rolled_out,
 };
 use sidecar_injector_e2e::pods::{
     INJECT_LABEL, LOG_DIR, LOG_SHIPPER, PROXY, PROXY_PORT, check_injected,
@@ -286,6 +286,9 @@ async fn n03_injector_runs_as_its_charts_deployment() -> anyhow::Result<()> {
                 "injector pod runs {image:?}"
             );
         }
+        if cx.env.two_nodes {
+            check_spread(&deployment, &pods)?;
+        }
         let pdb: PodDisruptionBudget = Api::namespaced(cx.client.clone(), &ns)
             .get(&release)
             .await?;
@@ -322,6 +325,37 @@ async fn n03_injector_runs_as_its_charts_deployment() -> anyhow::Result<()> {
         Ok(())
     })
     .await
+}
+
+/// With two nodes: the chart's Deployment spreads its pods over `kubernetes.io/hostname` and
+/// its ready pods run on two different nodes.
+fn check_spread(deployment: &Deployment, pods: &[Pod]) -> anyhow::Result<()> {
+    let spread = deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|s| s.topology_spread_constraints.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.topology_key == "kubernetes.io/hostname" && c.max_skew == 1)
+        });
+    ensure!(
+        spread,
+        "the Deployment has no topologySpreadConstraint over kubernetes.io/hostname"
+    );
+    let mut nodes: Vec<String> = pods
+        .iter()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
+        .collect();
+    println!("injector pods on nodes {nodes:?}");
+    nodes.sort();
+    nodes.dedup();
+    ensure!(
+        nodes.len() == pods.len(),
+        "the injector's {} pods share nodes: {nodes:?}",
+        pods.len()
+    );
+    Ok(())
 }
 
 fn check_stream(report: &StreamReport, during: &str) -> anyhow::Result<()> {
@@ -665,8 +699,18 @@ async fn n06_policy_mode_pods_run_with_no_injector() -> anyhow::Result<()> {
                             }
                         }
                     }))?;
-                    let pod = web_pod_running(&cx, &ns, &deployment).await?;
+                    Api::<Deployment>::namespaced(cx.client.clone(), &ns)
+                        .create(&PostParams::default(), &deployment)
+                        .await?;
                     let pods = cx.pods_in(&ns);
+                    let pod = eventually("the policy-injected pod running", RUNNING, || async {
+                        let list = pods.list(&ListParams::default().labels("app=web")).await?;
+                        let Some(pod) = list.items.into_iter().next() else { return Ok(None) };
+                        let status = pod.status.clone().unwrap_or_default();
+                        let all_running = status.container_statuses.iter().flatten().all(|c| c.ready);
+                        Ok((status.phase.as_deref() == Some("Running") && all_running && is_ready(&pod)).then_some(pod))
+                    })
+                    .await?;
                     let spec = pod.spec.clone().unwrap_or_default();
                     let inits: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
                     ensure!(inits == ["mesh-agent", "app-init"], "init containers {inits:?}");
@@ -974,7 +1018,30 @@ extraTemplates:
 
 /// The backstop's `sidecar-injector.io/config` annotation and its owner's name, if it exists.
 async fn backstop_state(cx: &Ctx, name: &str) -> anyhow::Result<Option<(String, String)>> {
-    policy_state(cx, "v1", "ValidatingAdmissionPolicy", name).await
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingAdmissionPolicy",
+    ));
+    let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
+    Ok(api.get_opt(name).await?.map(|o| {
+        let digest = o
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("sidecar-injector.io/config").cloned())
+            .unwrap_or_default();
+        let owner = o
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|r| format!("{}/{}", r.kind, r.name))
+            .collect::<Vec<_>>()
+            .join(",");
+        (digest, owner)
+    }))
 }
 
 /// n08. The backstop follows the release's configuration by itself. A second release of the
@@ -997,7 +1064,15 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
         let chart = cx.env.chart.display().to_string();
         let dir = tempfile::tempdir()?;
         let (v1, v2) = (dir.path().join("v1.yaml"), dir.path().join("v2.yaml"));
-        let image = suite_image(&cx).await?;
+        // The image the suite's own release runs (made by `make image`, never pulled).
+        let image = Api::<Deployment>::namespaced(cx.client.clone(), &cx.env.injector_namespace)
+            .get(&cx.env.webhook_config)
+            .await?
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|s| s.containers.into_iter().next())
+            .and_then(|c| c.image)
+            .context("the suite's injector Deployment names no image")?;
         std::fs::write(&v1, b2_values(&image, "agent-v1"))?;
         std::fs::write(&v2, b2_values(&image, "agent-v2"))?;
         let (v1, v2) = (v1.display().to_string(), v2.display().to_string());
@@ -1091,6 +1166,567 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
         release_cleanup(&cx, RELEASE, &release_ns, body).await
     })
     .await
+}
+
+/// The second node's name (e2e/node/node.sh up2).
+const NODE2: &str = "e2e-node-2";
+
+/// The injector's ready pods as (pod, node, IP).
+async fn replicas(
+    cx: &Ctx,
+    ns: &str,
+    release: &str,
+) -> anyhow::Result<Vec<(String, String, String)>> {
+    Ok(injector_pods(&cx.client, ns, release)
+        .await?
+        .into_iter()
+        .filter_map(|p| {
+            Some((
+                p.metadata.name.clone()?,
+                p.spec.as_ref()?.node_name.clone()?,
+                p.status.as_ref()?.pod_ip.clone()?,
+            ))
+        })
+        .collect())
+}
+
+/// Deletes `pod` and waits until it is gone and the Deployment has rolled out again.
+async fn replace_pod(cx: &Ctx, ns: &str, release: &str, pod: &str) -> anyhow::Result<()> {
+    let pods = Api::<Pod>::namespaced(cx.client.clone(), ns);
+    pods.delete(pod, &DeleteParams::default()).await?;
+    eventually(
+        &format!("injector pod {pod} to be gone"),
+        ROLLOUT,
+        || async { Ok(pods.get_opt(pod).await?.is_none().then_some(())) },
+    )
+    .await?;
+    wait_rolled_out(&cx.client, ns, release, ROLLOUT).await
+}
+
+/// Brings the injector's two replicas back onto two nodes when an earlier scenario's rollout left
+/// them on one (the chart's spread is `ScheduleAnyway`: a preference the scheduler weighs when it
+/// places a pod, not a rule that moves pods): one of them is deleted, and its replacement must
+/// land on the other node. Returns the replicas, one per node.
+async fn spread_replicas(
+    cx: &Ctx,
+    ns: &str,
+    release: &str,
+) -> anyhow::Result<Vec<(String, String, String)>> {
+    wait_rolled_out(&cx.client, ns, release, ROLLOUT).await?;
+    let now = replicas(cx, ns, release).await?;
+    ensure!(
+        now.len() == 2,
+        "{} ready injector pods, expected 2",
+        now.len()
+    );
+    if now[0].1 != now[1].1 {
+        return Ok(now);
+    }
+    println!("both replicas on {}: replacing {}", now[0].1, now[0].0);
+    replace_pod(cx, ns, release, &now[0].0).await?;
+    let now = replicas(cx, ns, release).await?;
+    ensure!(
+        now.len() == 2 && now[0].1 != now[1].1,
+        "the replacement did not go to the empty node: {now:?}"
+    );
+    Ok(now)
+}
+
+/// Runs kubectl with the suite's kubeconfig; its combined output, and whether it succeeded.
+async fn kubectl(args: &[&str]) -> anyhow::Result<(bool, String)> {
+    let output = tokio::process::Command::new("kubectl")
+        .args(args)
+        .output()
+        .await
+        .context("cannot run kubectl")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok((output.status.success(), text))
+}
+
+async fn drain(node: &str) -> anyhow::Result<String> {
+    let started = std::time::Instant::now();
+    let (ok, out) = kubectl(&[
+        "drain",
+        node,
+        "--ignore-daemonsets",
+        "--delete-emptydir-data",
+        "--force",
+        "--timeout=150s",
+    ])
+    .await?;
+    ensure!(ok, "kubectl drain {node} failed:\n{out}");
+    println!(
+        "kubectl drain {node}: {:.1} s\n  {}",
+        started.elapsed().as_secs_f64(),
+        out.trim().replace('\n', "\n  ")
+    );
+    Ok(out)
+}
+
+async fn uncordon(node: &str) -> anyhow::Result<()> {
+    let (ok, out) = kubectl(&["uncordon", node]).await?;
+    ensure!(ok, "kubectl uncordon {node} failed: {out}");
+    Ok(())
+}
+
+/// n09. Nodes are drained under a steady stream of opted-in pod creations (mutating
+/// failurePolicy Fail): draining the node of one replica evicts it and the replacement runs on
+/// the other node; draining that node, now holding both, waits on the PodDisruptionBudget (the
+/// second eviction is refused until the first replica's replacement is ready on the other node).
+/// Not one creation fails, every pod is stored injected; at the end the replicas are spread again.
+#[tokio::test]
+async fn n09_two_nodes_drain_waits_on_the_disruption_budget() -> anyhow::Result<()> {
+    scenario("n09-drain", &[Need::Node, Need::TwoNodes], |cx| async move {
+        let ns = cx.env.injector_namespace.clone();
+        let release = cx.env.webhook_config.clone();
+        let node1 = std::env::var("E2E_NODE_NAME").unwrap_or_else(|_| "e2e-node".into());
+        let before = spread_replicas(&cx, &ns, &release).await?;
+        println!("replicas before: {before:?}");
+        let result = streaming_while(&cx, "two drains", || async {
+            // 1. The node of one replica: its eviction is allowed (2 healthy, 1 required).
+            drain(NODE2).await?;
+            wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+            let after = replicas(&cx, &ns, &release).await?;
+            ensure!(
+                after.len() == 2 && after.iter().all(|r| r.1 == node1),
+                "after draining {NODE2} the replicas are not both on {node1}: {after:?}"
+            );
+            println!("after draining {NODE2}: {after:?}");
+            // 2. The node holding both: the budget lets one go at a time.
+            uncordon(NODE2).await?;
+            let out = drain(&node1).await?;
+            ensure!(
+                out.contains("disruption budget"),
+                "draining {node1}, which held both replicas, never waited on the PodDisruptionBudget:\n{out}"
+            );
+            wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+            let after = replicas(&cx, &ns, &release).await?;
+            ensure!(
+                after.len() == 2 && after.iter().all(|r| r.1 == NODE2),
+                "after draining {node1} the replicas are not both on {NODE2}: {after:?}"
+            );
+            println!("after draining {node1}: {after:?}");
+            uncordon(&node1).await?;
+            Ok(())
+        })
+        .await;
+        // Both nodes schedulable again whatever happened, and the replicas spread: the pod
+        // replaced goes to the empty node.
+        let _ = uncordon(NODE2).await;
+        let _ = uncordon(&node1).await;
+        result?;
+        let spread = spread_replicas(&cx, &ns, &release).await?;
+        println!("replicas spread again: {spread:?}");
+        Ok(())
+    })
+    .await
+}
+
+/// The failure policies and timeouts of the release's pod entries, as registered.
+async fn webhook_settings(cx: &Ctx) -> anyhow::Result<String> {
+    use k8s_openapi::api::admissionregistration::v1::{
+        MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    };
+    let name = &cx.env.webhook_config;
+    let m: MutatingWebhookConfiguration = Api::all(cx.client.clone()).get(name).await?;
+    let v: ValidatingWebhookConfiguration = Api::all(cx.client.clone()).get(name).await?;
+    let m = m.webhooks.unwrap_or_default();
+    let v = v.webhooks.unwrap_or_default();
+    let m = m.first().context("no mutating webhook")?;
+    let v = v.first().context("no validating webhook")?;
+    Ok(format!(
+        "mutating failurePolicy {} timeoutSeconds {}, validating failurePolicy {} timeoutSeconds {}",
+        m.failure_policy.as_deref().unwrap_or("?"),
+        m.timeout_seconds.unwrap_or_default(),
+        v.failure_policy.as_deref().unwrap_or("?"),
+        v.timeout_seconds.unwrap_or_default()
+    ))
+}
+
+/// Per second of creation start (relative to the node's failure): started, answered (stored
+/// injected), stored without sidecars, refused, and the callers' waits. Prints it with the
+/// refusal kinds and returns the rows.
+fn node_loss_table(samples: &[Sample], failed_at: Duration, marks: &[(Duration, &str)]) -> String {
+    use std::collections::BTreeMap;
+    let secs = |d: Duration| {
+        let (d, f) = (d.as_secs_f64(), failed_at.as_secs_f64());
+        (d - f).floor() as i64
+    };
+    let mut rows: BTreeMap<i64, Vec<&Sample>> = BTreeMap::new();
+    for s in samples {
+        rows.entry(secs(s.started)).or_default().push(s);
+    }
+    let mut out = String::from(
+        "| s | started | answered | refused | no sidecars | waited median | waited max | refusals | event |\n|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for (sec, row) in &rows {
+        let answered = row
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::Injected))
+            .count();
+        let lost = row
+            .iter()
+            .filter(|s| matches!(s.outcome, Outcome::NotInjected))
+            .count();
+        let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+        for s in row {
+            if let Outcome::Refused(m) = &s.outcome {
+                *kinds.entry(refusal_kind(m)).or_default() += 1;
+            }
+        }
+        let refused: usize = kinds.values().sum();
+        let mut waits: Vec<f64> = row.iter().map(|s| s.waited.as_secs_f64()).collect();
+        waits.sort_by(f64::total_cmp);
+        let median = waits.get(waits.len() / 2).copied().unwrap_or_default();
+        let max = waits.last().copied().unwrap_or_default();
+        let kinds = kinds
+            .iter()
+            .map(|(k, n)| format!("{n}× {k}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let event = marks
+            .iter()
+            .filter(|(at, _)| secs(*at) == *sec)
+            .map(|(_, what)| *what)
+            .collect::<Vec<_>>()
+            .join("; ");
+        out.push_str(&format!(
+            "| {sec} | {} | {answered} | {refused} | {lost} | {median:.2} s | {max:.2} s | {kinds} | {event} |\n",
+            row.len()
+        ));
+    }
+    let mut examples: BTreeMap<String, &str> = BTreeMap::new();
+    for s in samples {
+        if let Outcome::Refused(m) = &s.outcome {
+            examples.entry(refusal_kind(m)).or_insert(m.as_str());
+        }
+    }
+    for (kind, message) in examples {
+        let message: String = message.chars().take(400).collect();
+        out.push_str(&format!("{kind}, e.g.: {message}\n"));
+    }
+    out
+}
+
+/// The suite's release has no backstop (e2e/node/values.yaml: other scenarios stop the injector
+/// and expect the webhooks' own answers). n10 measures the chart's defaults, backstop included:
+/// `helm upgrade --reuse-values` turns it on (the pods roll, and the servers apply it), and off
+/// again afterwards, when the policy and its bindings, which the servers leave behind (owned by
+/// the MutatingWebhookConfiguration, which stays), are deleted once no server of the backstop
+/// release is left to apply them again.
+async fn release_backstop(cx: &Ctx, ns: &str, release: &str, on: bool) -> anyhow::Result<()> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let chart = cx.env.chart.display().to_string();
+    let set = format!("policies.backstop.enabled={on}");
+    cx.helm(&[
+        "upgrade",
+        release,
+        &chart,
+        "-n",
+        ns,
+        "--reuse-values",
+        "--set",
+        &set,
+        "--wait",
+        "--timeout",
+        "150s",
+    ])
+    .await?;
+    wait_rolled_out(&cx.client, ns, release, ROLLOUT).await?;
+    // No pod of the release as it was may be left: a terminating pod is a not-ready endpoint,
+    // which skews the API server's choice of endpoint (it starts at a random index and takes
+    // the next ready one), and a server of the backstop release would apply it again.
+    let pods: Api<Pod> = Api::namespaced(cx.client.clone(), ns);
+    eventually("the release's earlier pods to be gone", ROLLOUT, || async {
+        let list = pods
+            .list(&ListParams::default().labels(&format!("app.kubernetes.io/instance={release}")))
+            .await?;
+        let left = list.items.iter().any(|p| {
+            p.metadata.deletion_timestamp.is_some()
+                || p.spec
+                    .as_ref()
+                    .and_then(|s| s.automount_service_account_token)
+                    != Some(on)
+        });
+        Ok((!left).then_some(()))
+    })
+    .await?;
+    let policy = format!("{release}-backstop");
+    if on {
+        let (digest, owner) =
+            eventually("the servers to apply the backstop", WAIT_LONG, || async {
+                Ok(backstop_state(cx, &policy)
+                    .await?
+                    .filter(|(d, _)| !d.is_empty()))
+            })
+            .await?;
+        println!("backstop on: {policy} (configuration {digest}, owned by {owner})");
+        return Ok(());
+    }
+    for (kind, name) in [
+        ("ValidatingAdmissionPolicyBinding", policy.clone()),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            format!("{policy}-namespace"),
+        ),
+        ("ValidatingAdmissionPolicy", policy.clone()),
+    ] {
+        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            kind,
+        ));
+        let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).with_context(|| format!("cannot delete {kind} {name}")),
+        }
+    }
+    ensure!(
+        backstop_state(cx, &policy).await?.is_none(),
+        "{policy} is still there"
+    );
+    println!("backstop off again: {policy} deleted");
+    Ok(())
+}
+
+/// The API server's established TCP connections to each of `ips`, by destination address and
+/// port (`ss` in the run's network namespace, where the API server runs): which replicas it
+/// holds connections to, and how many.
+async fn connections_to(ips: &[&str]) -> String {
+    let output = match tokio::process::Command::new("ss")
+        .args(["-Htn", "state", "established"])
+        .output()
+        .await
+    {
+        Ok(o) => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Err(e) => return format!("ss failed: {e}"),
+    };
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for line in output.lines() {
+        // Recv-Q Send-Q Local:Port Peer:Port
+        let Some(peer) = line.split_whitespace().nth(3) else {
+            continue;
+        };
+        if ips
+            .iter()
+            .any(|ip| peer.rsplit_once(':').is_some_and(|(a, _)| a == *ip))
+        {
+            *counts.entry(peer.to_owned()).or_default() += 1;
+        }
+    }
+    let mut out: Vec<String> = ips
+        .iter()
+        .map(|ip| {
+            let n: usize = counts
+                .iter()
+                .filter(|(p, _)| p.starts_with(&format!("{ip}:")))
+                .map(|(_, n)| n)
+                .sum();
+            format!("{ip}: {n}")
+        })
+        .collect();
+    out.push(format!("{counts:?}"));
+    out.join(", ")
+}
+
+/// Pace and bounds of n10's stream: 10 creations a second, at most 1,500, at most 150 s.
+const LOSS_EVERY: Duration = Duration::from_millis(100);
+const LOSS_LIMIT: usize = 1_500;
+const LOSS_MAX: Duration = Duration::from_secs(150);
+/// How long n10 waits, after the failure, for the dead replica's endpoint to go: the node
+/// controller's grace period (40-50 s by default) and the endpoint controller's sync.
+const LOSS_WINDOW_MAX: Duration = Duration::from_secs(110);
+/// Creations measured once the endpoint has gone.
+const LOSS_AFTER: Duration = Duration::from_secs(8);
+
+/// n10. The node of one replica dies without warning under a stream of opted-in pod creations
+/// made at a fixed pace whatever the answers (the chart's failure policies as registered): the
+/// node's packets are dropped, then its kubelet, containerd and containers killed. Measured per
+/// second until the dead replica's endpoint has left the Service and after: creations answered,
+/// refused (and why), and how long callers waited. Not one opted-in pod may be stored without its
+/// sidecars; once the endpoint is gone, not one creation may be refused. Then the node comes back
+/// and the Deployment is whole again.
+#[tokio::test]
+async fn n10_two_nodes_one_lost_without_warning() -> anyhow::Result<()> {
+    scenario(
+        "n10-node-loss",
+        &[Need::Node, Need::TwoNodes],
+        |cx| async move {
+            let ns = cx.env.injector_namespace.clone();
+            let release = cx.env.webhook_config.clone();
+            let on = release_backstop(&cx, &ns, &release, true).await;
+            let measured = match on {
+                Ok(()) => node_loss(&cx, &ns, &release).await,
+                Err(e) => Err(e),
+            };
+            // Off again whatever happened: the scenarios after this one expect no backstop.
+            let off = release_backstop(&cx, &ns, &release, false).await;
+            measured?;
+            off
+        },
+    )
+    .await
+}
+
+/// n10's measurement, with the release as it is (the backstop on).
+async fn node_loss(cx: &Ctx, ns: &str, release: &str) -> anyhow::Result<()> {
+    let (ns, release) = (ns.to_owned(), release.to_owned());
+    let spread = spread_replicas(cx, &ns, &release).await?;
+    let victim = spread
+        .iter()
+        .find(|r| r.1 == NODE2)
+        .cloned()
+        .context("no replica on the second node")?;
+    println!("replicas: {spread:?}; {NODE2} will die with {}", victim.0);
+    println!("webhooks: {}", webhook_settings(cx).await?);
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(cx.client.clone(), &ns);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cx.client.clone());
+    let ips: Vec<&str> = spread.iter().map(|r| r.2.as_str()).collect();
+    let stream = TimedStream::start(&cx.client, &cx.ns, LOSS_EVERY, LOSS_LIMIT, LOSS_MAX);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Which replicas the API server holds connections to when the node dies, and later.
+    println!(
+        "API server's connections to the replicas before the failure: {}",
+        connections_to(&ips).await
+    );
+    let endpoints: Vec<String> = slices
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={release}")))
+        .await?
+        .items
+        .into_iter()
+        .flat_map(|s| s.endpoints)
+        .map(|e| {
+            let c = e.conditions.unwrap_or_default();
+            format!(
+                "{} ready={:?} terminating={:?}",
+                e.addresses.join(","),
+                c.ready,
+                c.terminating
+            )
+        })
+        .collect();
+    println!("the Service's endpoints before the failure: {endpoints:?}");
+    let failed_at = stream.elapsed();
+    let failed = cx.env.node_ctl("fail2").await;
+    let mut marks: Vec<(Duration, &str)> = vec![(failed_at, "node killed, packets dropped")];
+    let mut not_ready: Option<Duration> = None;
+    let mut gone: Option<Duration> = None;
+    let watched = async {
+            failed?;
+            loop {
+                let now = stream.elapsed();
+                if now - failed_at > LOSS_WINDOW_MAX {
+                    anyhow::bail!(
+                        "the dead replica's endpoint {} was still ready {LOSS_WINDOW_MAX:?} after its node died",
+                        victim.2
+                    );
+                }
+                if not_ready.is_none() {
+                    let node = nodes.get(NODE2).await?;
+                    let ready = node
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .find(|c| c.type_ == "Ready")
+                        .map(|c| c.status);
+                    if ready.as_deref() != Some("True") {
+                        not_ready = Some(now);
+                    }
+                }
+                let ready: Vec<String> = slices
+                    .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={release}")))
+                    .await?
+                    .items
+                    .into_iter()
+                    .flat_map(|s| s.endpoints)
+                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+                    .flat_map(|e| e.addresses)
+                    .collect();
+                if !ready.contains(&victim.2) {
+                    gone = Some(now);
+                    break;
+                }
+                if (now - failed_at).as_secs() % 10 == 5 && (now - failed_at).subsec_millis() < 250 {
+                    println!(
+                        "{:.0} s after the failure, API server's connections: {}",
+                        (now - failed_at).as_secs_f64(),
+                        connections_to(&ips).await
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            tokio::time::sleep(LOSS_AFTER).await;
+            anyhow::Ok(())
+        }
+        .await;
+    let samples = stream.stop().await?;
+    // The node comes back whatever happened: its kubelet restarts the replica.
+    let revived = cx.env.node_ctl("revive2").await;
+    watched?;
+    revived?;
+    let (not_ready, gone) = (
+        not_ready.context("the node was never seen NotReady")?,
+        gone.context("the endpoint never went")?,
+    );
+    marks.push((not_ready, "node NotReady"));
+    marks.push((gone, "endpoint not ready"));
+    let table = node_loss_table(&samples, failed_at, &marks);
+    let in_window: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.started >= failed_at && s.started < gone)
+        .collect();
+    let refused_in_window = in_window
+        .iter()
+        .filter(|s| matches!(s.outcome, Outcome::Refused(_)))
+        .count();
+    let waited_max = in_window
+        .iter()
+        .map(|s| s.waited.as_secs_f64())
+        .fold(0.0, f64::max);
+    println!(
+        "node loss: NotReady after {:.1} s, endpoint gone after {:.1} s; in that window {} creations, {} refused, longest wait {:.2} s\n{table}",
+        (not_ready - failed_at).as_secs_f64(),
+        (gone - failed_at).as_secs_f64(),
+        in_window.len(),
+        refused_in_window,
+        waited_max
+    );
+    let lost: Vec<&str> = samples
+        .iter()
+        .filter(|s| matches!(s.outcome, Outcome::NotInjected))
+        .map(|s| s.name.as_str())
+        .collect();
+    ensure!(
+        lost.is_empty(),
+        "opted-in pods stored without sidecars: {lost:?}"
+    );
+    // Once the endpoint is gone (and a second for the apiserver's informer), every creation
+    // reaches the live replica.
+    let late: Vec<String> = samples
+        .iter()
+        .filter(|s| s.started >= gone + Duration::from_secs(1))
+        .filter_map(|s| match &s.outcome {
+            Outcome::Refused(m) => Some(format!("{}: {m}", s.name)),
+            _ => None,
+        })
+        .collect();
+    ensure!(
+        late.is_empty(),
+        "refused after the endpoint went: {late:#?}"
+    );
+    let before = samples.iter().filter(|s| s.started < failed_at).count();
+    ensure!(before >= 10, "only {before} creations before the failure");
+    // Whole again: the revived node's kubelet restarts its replica.
+    wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
+    Ok(())
 }
 
 /// Values of the policy-mode release n11 installs: revision `p2`, the chart's defaults (the
