@@ -91,7 +91,9 @@ pub enum Command {
     /// pod to its contract only when the pod was injected under that configuration or not at
     /// all, so a backstop that is behind or ahead of the injector never refuses what the
     /// injector injects. `serve --backstop` (the chart's default) applies and keeps the
-    /// backstop in step by itself; export it by hand only where no server runs in the cluster.
+    /// backstop in step by itself, and in the chart's policy mode `serve --policies-only
+    /// --mutating-policy auto` keeps the MutatingAdmissionPolicy too; export by hand only where
+    /// no pod of the chart runs in the cluster.
     ///
     /// Loops over the pod's containers, init containers, volumes and their ports (and lists a
     /// template collects from them), and per-pod overrides, are written as CEL: the bundled
