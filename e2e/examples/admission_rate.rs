@@ -1,6 +1,9 @@
 //! Pods admitted a second through a real API server: `admission_rate NAMESPACE COUNT
-//! CONCURRENCY`. Creates COUNT opted-in pods (the e2e suite's app pod, generateName) in
-//! NAMESPACE, CONCURRENCY at a time, and prints `pods=N seconds=S rate=R failed=F`. Whatever
+//! CONCURRENCY`. Creates COUNT opted-in pods (generateName) in NAMESPACE, CONCURRENCY at a
+//! time, and prints `pods=N seconds=S rate=R failed=F`. The pod is shaped for the bundled
+//! proxy's loops: an init container and two containers declaring five ports, of which three
+//! distinct TCP ports (9090 declared by both containers, once in the proxy's list) and one UDP
+//! port (skipped), so the proxy renders three listeners and three clusters. Whatever
 //! injects them (a MutatingAdmissionPolicy, a webhook, nothing) is the namespace's business:
 //! bench/admission.sh labels one namespace per road. Bounded by COUNT; talks only to the
 //! API server KUBECONFIG names.
@@ -13,7 +16,34 @@ use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::PostParams;
 use kube::{Api, Client};
-use sidecar_injector_e2e::pods::opted_in;
+use serde_json::json;
+use sidecar_injector_e2e::pods::{INJECT_LABEL, app_image, from_json};
+
+/// An opted-in web service: `app` serves http, https and metrics; `worker` shares the metrics
+/// port (a duplicate, a warning from the API server, not an error) and sends statsd over UDP.
+fn pod() -> anyhow::Result<Pod> {
+    let image = app_image();
+    from_json(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "rate-", "labels": {"app": "web", INJECT_LABEL: "true"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "initContainers": [{"name": "app-init", "image": image}],
+            "containers": [
+                {"name": "app", "image": image, "ports": [
+                    {"name": "http", "containerPort": 8080},
+                    {"name": "https", "containerPort": 8443, "protocol": "TCP"},
+                    {"name": "metrics", "containerPort": 9090},
+                ]},
+                {"name": "worker", "image": image, "ports": [
+                    {"name": "metrics", "containerPort": 9090},
+                    {"name": "statsd", "containerPort": 8125, "protocol": "UDP"},
+                ]},
+            ],
+        },
+    }))
+}
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -26,9 +56,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = Client::try_default().await?;
     let pods: Api<Pod> = Api::namespaced(client, ns);
-    let mut pod = opted_in("web");
-    pod.metadata.name = None;
-    pod.metadata.generate_name = Some("rate-".into());
+    let pod = pod()?;
     let next = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
