@@ -400,7 +400,7 @@ fail2() { # workdir
   for name in node2-kubelet node2-containerd; do
     [[ -f "$W/run/$name.pid" ]] && kill -KILL "$(<"$W/run/$name.pid")" 2>/dev/null || true
   done
-  pkill -KILL -f -- "containerd-shim.*$ND/" 2>/dev/null || true
+  kill_shims
   kill_cgroup_procs "$W" "$CG"
   log "$NODE2_NAME failed: packets dropped, kubelet, containerd and containers killed"
 }
@@ -453,6 +453,12 @@ remove_cgroups() { # workdir [node suffix]
   done
 }
 
+# Kills the containerd shims of one node (node_vars), found by their -address, the node's
+# containerd socket.
+kill_shims() {
+  pkill -KILL -f -- "containerd-shim.*$ND/containerd/" 2>/dev/null || true
+}
+
 # Stops one node (node_vars): kubelet, every pod task, containerd, leftover shims, cgroups.
 down_node() { # workdir
   local rc=0 t
@@ -469,11 +475,7 @@ down_node() { # workdir
   fi
   stop_pidfile "$W" "${NP}containerd" || rc=1
   # A shim whose containerd is gone: named by its -address under the node's directory.
-  if [[ -z "$NP" ]]; then
-    pkill -KILL -f -- "containerd-shim.*$W/containerd/" 2>/dev/null || true
-  else
-    pkill -KILL -f -- "containerd-shim.*$ND/" 2>/dev/null || true
-  fi
+  kill_shims
   remove_cgroups "$W" "$CG"
   return "$rc"
 }

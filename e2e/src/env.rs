@@ -250,18 +250,9 @@ impl Env {
         let (Some(ctl), Some(workdir)) = (self.node_ctl.as_ref(), self.workdir.as_ref()) else {
             anyhow::bail!("no E2E_NODE_CTL or E2E_WORKDIR");
         };
-        let status = tokio::process::Command::new("bash")
-            .arg(ctl)
-            .arg(action)
-            .arg(workdir)
-            .status()
-            .await?;
-        anyhow::ensure!(
-            status.success(),
-            "{} {action} failed: {status}",
-            ctl.display()
-        );
-        Ok(())
+        let mut command = tokio::process::Command::new("bash");
+        command.arg(ctl).arg(action).arg(workdir);
+        run_ctl(command, ctl, action).await
     }
 
     /// Stops or starts the server the webhooks call (`E2E_INJECTOR_CTL stop|start`: the local
@@ -271,15 +262,23 @@ impl Env {
             .injector_ctl
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("no E2E_INJECTOR_CTL"))?;
-        let status = tokio::process::Command::new(ctl)
-            .arg(action)
-            .status()
-            .await?;
-        anyhow::ensure!(
-            status.success(),
-            "{} {action} failed: {status}",
-            ctl.display()
-        );
-        Ok(())
+        let mut command = tokio::process::Command::new(ctl);
+        command.arg(action);
+        run_ctl(command, ctl, action).await
     }
+}
+
+/// Runs a control script (`ctl action ...`); fails naming it unless it exits 0.
+async fn run_ctl(
+    mut command: tokio::process::Command,
+    ctl: &std::path::Path,
+    action: &str,
+) -> anyhow::Result<()> {
+    let status = command.status().await?;
+    anyhow::ensure!(
+        status.success(),
+        "{} {action} failed: {status}",
+        ctl.display()
+    );
+    Ok(())
 }

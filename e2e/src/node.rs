@@ -112,6 +112,37 @@ pub async fn injector_pods(client: &Client, ns: &str, release: &str) -> anyhow::
         .collect())
 }
 
+/// The endpoints of Service `service` in `ns`, from its EndpointSlices.
+pub async fn service_endpoints(
+    client: &Client,
+    ns: &str,
+    service: &str,
+) -> anyhow::Result<Vec<k8s_openapi::api::discovery::v1::Endpoint>> {
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(client.clone(), ns);
+    Ok(slices
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={service}")))
+        .await?
+        .items
+        .into_iter()
+        .flat_map(|s| s.endpoints)
+        .collect())
+}
+
+/// The addresses of the ready endpoints of Service `service` in `ns`.
+pub async fn ready_addresses(
+    client: &Client,
+    ns: &str,
+    service: &str,
+) -> anyhow::Result<Vec<String>> {
+    Ok(service_endpoints(client, ns, service)
+        .await?
+        .into_iter()
+        .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
+        .flat_map(|e| e.addresses)
+        .collect())
+}
+
 pub fn is_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()

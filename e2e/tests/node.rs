@@ -23,7 +23,8 @@ use sidecar_injector_e2e::env::Need;
 use sidecar_injector_e2e::eventually;
 use sidecar_injector_e2e::node::{
     BUSYBOX, Outcome, PodStream, Sample, StreamReport, TimedStream, injector_pods, is_ready,
-    line_with, logs, refusal_kind, served_certificate, wait_rolled_out,
+    line_with, logs, ready_addresses, refusal_kind, served_certificate, service_endpoints,
+    wait_rolled_out,
 };
 use sidecar_injector_e2e::pods::{
     INJECT_LABEL, LOG_DIR, LOG_SHIPPER, PROXY, PROXY_PORT, check_injected,
@@ -299,17 +300,7 @@ async fn n03_injector_runs_as_its_charts_deployment() -> anyhow::Result<()> {
             pdb_status.current_healthy,
             pdb_status.desired_healthy
         );
-        let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
-            Api::namespaced(cx.client.clone(), &ns);
-        let ready: Vec<String> = slices
-            .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={release}")))
-            .await?
-            .items
-            .into_iter()
-            .flat_map(|s| s.endpoints)
-            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-            .flat_map(|e| e.addresses)
-            .collect();
+        let ready = ready_addresses(&cx.client, &ns, &release).await?;
         let mut pod_ips: Vec<String> = pods
             .iter()
             .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
@@ -1273,6 +1264,24 @@ async fn uncordon(node: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// After `drained` was drained: the Deployment rolled out again, both replicas on `on`.
+async fn both_on_after_drain(
+    cx: &Ctx,
+    ns: &str,
+    release: &str,
+    on: &str,
+    drained: &str,
+) -> anyhow::Result<()> {
+    wait_rolled_out(&cx.client, ns, release, ROLLOUT).await?;
+    let after = replicas(cx, ns, release).await?;
+    ensure!(
+        after.len() == 2 && after.iter().all(|r| r.1 == on),
+        "after draining {drained} the replicas are not both on {on}: {after:?}"
+    );
+    println!("after draining {drained}: {after:?}");
+    Ok(())
+}
+
 /// n09. Nodes are drained under a steady stream of opted-in pod creations (mutating
 /// failurePolicy Fail): draining the node of one replica evicts it and the replacement runs on
 /// the other node; draining that node, now holding both, waits on the PodDisruptionBudget (the
@@ -1289,13 +1298,7 @@ async fn n09_two_nodes_drain_waits_on_the_disruption_budget() -> anyhow::Result<
         let result = streaming_while(&cx, "two drains", || async {
             // 1. The node of one replica: its eviction is allowed (2 healthy, 1 required).
             drain(NODE2).await?;
-            wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
-            let after = replicas(&cx, &ns, &release).await?;
-            ensure!(
-                after.len() == 2 && after.iter().all(|r| r.1 == node1),
-                "after draining {NODE2} the replicas are not both on {node1}: {after:?}"
-            );
-            println!("after draining {NODE2}: {after:?}");
+            both_on_after_drain(&cx, &ns, &release, &node1, NODE2).await?;
             // 2. The node holding both: the budget lets one go at a time.
             uncordon(NODE2).await?;
             let out = drain(&node1).await?;
@@ -1303,13 +1306,7 @@ async fn n09_two_nodes_drain_waits_on_the_disruption_budget() -> anyhow::Result<
                 out.contains("disruption budget"),
                 "draining {node1}, which held both replicas, never waited on the PodDisruptionBudget:\n{out}"
             );
-            wait_rolled_out(&cx.client, &ns, &release, ROLLOUT).await?;
-            let after = replicas(&cx, &ns, &release).await?;
-            ensure!(
-                after.len() == 2 && after.iter().all(|r| r.1 == NODE2),
-                "after draining {node1} the replicas are not both on {NODE2}: {after:?}"
-            );
-            println!("after draining {node1}: {after:?}");
+            both_on_after_drain(&cx, &ns, &release, NODE2, &node1).await?;
             uncordon(&node1).await?;
             Ok(())
         })
@@ -1585,8 +1582,6 @@ async fn node_loss(cx: &Ctx, ns: &str, release: &str) -> anyhow::Result<()> {
         .context("no replica on the second node")?;
     println!("replicas: {spread:?}; {NODE2} will die with {}", victim.0);
     println!("webhooks: {}", webhook_settings(cx).await?);
-    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
-        Api::namespaced(cx.client.clone(), &ns);
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cx.client.clone());
     let ips: Vec<&str> = spread.iter().map(|r| r.2.as_str()).collect();
     let stream = TimedStream::start(&cx.client, &cx.ns, LOSS_EVERY, LOSS_LIMIT, LOSS_MAX);
@@ -1596,12 +1591,9 @@ async fn node_loss(cx: &Ctx, ns: &str, release: &str) -> anyhow::Result<()> {
         "API server's connections to the replicas before the failure: {}",
         connections_to(&ips).await
     );
-    let endpoints: Vec<String> = slices
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={release}")))
+    let endpoints: Vec<String> = service_endpoints(&cx.client, &ns, &release)
         .await?
-        .items
         .into_iter()
-        .flat_map(|s| s.endpoints)
         .map(|e| {
             let c = e.conditions.unwrap_or_default();
             format!(
@@ -1641,15 +1633,7 @@ async fn node_loss(cx: &Ctx, ns: &str, release: &str) -> anyhow::Result<()> {
                         not_ready = Some(now);
                     }
                 }
-                let ready: Vec<String> = slices
-                    .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={release}")))
-                    .await?
-                    .items
-                    .into_iter()
-                    .flat_map(|s| s.endpoints)
-                    .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) == Some(true))
-                    .flat_map(|e| e.addresses)
-                    .collect();
+                let ready = ready_addresses(&cx.client, &ns, &release).await?;
                 if !ready.contains(&victim.2) {
                     gone = Some(now);
                     break;

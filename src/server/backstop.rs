@@ -211,48 +211,45 @@ async fn keep_all(
     force: bool,
 ) -> Vec<(String, anyhow::Result<&'static str>)> {
     let base = policy::base_name(inj);
-    let mut names = Vec::new();
+    // Each kept policy by name: the backstop (no API version), the mutating policy (its own).
+    let mut kept: Vec<(String, Option<MutatingApi>)> = Vec::new();
     if policies.backstop {
-        names.push(format!("{base}-backstop"));
+        kept.push((format!("{base}-backstop"), None));
     }
-    if policies.mutating.is_some() {
-        names.push(base.clone());
+    if let Some(api) = policies.mutating {
+        kept.push((base, Some(api)));
     }
     let client = match client {
         Ok(c) => c,
         Err(error) => {
-            return names
+            return kept
                 .into_iter()
-                .map(|n| (n, Err(anyhow::anyhow!("{error}"))))
+                .map(|(n, _)| (n, Err(anyhow::anyhow!("{error}"))))
                 .collect();
         }
     };
-    let owner = match &policies.owner {
-        Some(owner) => owner_reference(client, owner).await.map(Some),
-        None => Ok(None),
-    };
     let mut out = Vec::new();
-    for name in names {
+    for (name, mutating) in kept {
         let outcome = async {
-            let owner = owner.as_ref().map_err(|e| anyhow::anyhow!("{e:#}"))?;
-            let docs = if name == base {
-                let version = match policies.mutating {
-                    Some(MutatingApi::V1) => MutatingVersion::V1,
-                    Some(MutatingApi::V1beta1) => MutatingVersion::V1beta1,
-                    _ => served_mutating_version(client).await?,
-                };
-                policy::mutating(inj, &policies.selection, version).context(
-                    "cannot export the MutatingAdmissionPolicy of the configuration served",
-                )?
-            } else {
-                policy::backstop(inj, &policies.selection, policies.check_images)
-                    .context("cannot export the backstop of the configuration served")?
+            let docs = match mutating {
+                Some(api) => {
+                    let version = match api {
+                        MutatingApi::V1 => MutatingVersion::V1,
+                        MutatingApi::V1beta1 => MutatingVersion::V1beta1,
+                        MutatingApi::Auto => served_mutating_version(client).await?,
+                    };
+                    policy::mutating(inj, &policies.selection, version).context(
+                        "cannot export the MutatingAdmissionPolicy of the configuration served",
+                    )?
+                }
+                None => policy::backstop(inj, &policies.selection, policies.check_images)
+                    .context("cannot export the backstop of the configuration served")?,
             };
             let set = Set {
                 policy: name.clone(),
                 docs,
             };
-            sync(client, inj, set, owner.as_ref(), force).await
+            sync(client, inj, set, policies.owner.as_ref(), force).await
         }
         .await;
         out.push((name, outcome));
@@ -287,7 +284,7 @@ async fn sync(
     client: &kube::Client,
     inj: &Injector,
     set: Set,
-    owner: Option<&Value>,
+    owner: Option<&Owner>,
     force: bool,
 ) -> anyhow::Result<&'static str> {
     let Set { policy, docs } = set;
@@ -332,9 +329,14 @@ async fn sync(
     if in_step && !force {
         return Ok("unchanged");
     }
+    // The owner's uid is read only when something is applied.
+    let owner = match owner {
+        Some(owner) => Some(owner_reference(client, owner).await?),
+        None => None,
+    };
     for mut doc in docs {
         let name = name_of(&doc);
-        if let Some(owner) = owner {
+        if let Some(owner) = &owner {
             doc["metadata"]["ownerReferences"] = json!([owner]);
         }
         let kind = doc["kind"].as_str().unwrap_or("").to_owned();

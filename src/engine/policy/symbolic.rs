@@ -962,13 +962,7 @@ impl Walk<'_> {
         &self,
         e: &Expr<'_>,
     ) -> Result<(std::ops::Range<usize>, IterExpr, bool), (Span, String)> {
-        let (inner, tojson) = match e {
-            Expr::Filter(f) if f.name == "tojson" && f.args.is_empty() => match &f.expr {
-                Some(inner) => (inner, true),
-                None => (e, false),
-            },
-            _ => (e, false),
-        };
+        let (inner, tojson) = without_tojson(e);
         let x = self.iteration(inner)?;
         Ok((self.between_delimiters(full_span(e)), x, tojson))
     }
@@ -1524,12 +1518,7 @@ impl Walk<'_> {
 
     /// An expression that reads nothing of the pod, evaluated now, as JSON.
     fn constant_json(&self, e: &Expr<'_>) -> Result<Value, (Span, String)> {
-        let text = self.text(full_span(e));
-        let value = self
-            .inj
-            .templates
-            .evaluate(text)
-            .map_err(|err| (full_span(e), err))?;
+        let value = self.evaluated(e)?;
         serde_json::to_value(&value).map_err(|err| (full_span(e), err.to_string()))
     }
 
@@ -1559,13 +1548,7 @@ impl Walk<'_> {
 
     /// A `{{ ... }}` that reads the pod.
     fn top(&self, e: &Expr<'_>) -> Result<Emit, (Span, String)> {
-        let (inner, tojson) = match e {
-            Expr::Filter(f) if f.name == "tojson" && f.args.is_empty() => match &f.expr {
-                Some(inner) => (inner, true),
-                None => (e, false),
-            },
-            _ => (e, false),
-        };
+        let (inner, tojson) = without_tojson(e);
         let cel = self.string(inner)?;
         let span = full_span(e);
         Ok(Emit {
@@ -1667,14 +1650,17 @@ impl Walk<'_> {
         }))
     }
 
+    /// The value of an expression that reads nothing of the pod, evaluated now.
+    fn evaluated(&self, e: &Expr<'_>) -> Result<minijinja::Value, (Span, String)> {
+        self.inj
+            .templates
+            .evaluate(self.text(full_span(e)))
+            .map_err(|err| (full_span(e), err))
+    }
+
     /// An expression that reads nothing of the pod, evaluated now.
     fn constant(&self, e: &Expr<'_>) -> Result<Cel, (Span, String)> {
-        let text = self.text(full_span(e));
-        let value = self
-            .inj
-            .templates
-            .evaluate(text)
-            .map_err(|err| (full_span(e), err))?;
+        let value = self.evaluated(e)?;
         let text = match value.as_str() {
             Some(s) => s.to_owned(),
             None if value.is_number() => value.to_string(),
@@ -1912,6 +1898,17 @@ pub fn markers(f: &Fragment) -> std::collections::BTreeSet<usize> {
     let mut out = std::collections::BTreeSet::new();
     walk(&serde_json::to_value(f).unwrap_or_default(), &mut out);
     out
+}
+
+/// `e` without a trailing `| tojson`, and whether it had one.
+fn without_tojson<'a, 'e>(e: &'e Expr<'a>) -> (&'e Expr<'a>, bool) {
+    match e {
+        Expr::Filter(f) if f.name == "tojson" && f.args.is_empty() => match &f.expr {
+            Some(inner) => (inner, true),
+            None => (e, false),
+        },
+        _ => (e, false),
+    }
 }
 
 #[cfg(test)]
