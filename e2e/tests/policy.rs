@@ -306,6 +306,22 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                     })
                     .await?;
                 }
+                // The mutating policy being in effect says nothing of the backstop: the API server
+                // loads each policy on its own, and a pod the backstop should refuse is admitted
+                // until it has. Wait until it refuses an override the proxy does not allow.
+                let bad = annotated(
+                    annotated(opted_in("probe-refused"), "sidecar-injector.io/templates", "proxy"),
+                    "sidecar-injector.io/proxy-log-level",
+                    "loud",
+                );
+                eventually("the backstop on the policy road", WAIT, || async {
+                    match dry_run(&pp, &bad).await {
+                        Ok(_) => Ok(None),
+                        Err(e) if refusal(&e).contains("ValidatingAdmissionPolicy 'sidecar-injector-backstop") => Ok(Some(())),
+                        Err(e) => anyhow::bail!("refused by another than the backstop: {}", refusal(&e)),
+                    }
+                })
+                .await?;
                 let (mut injected, mut refused, mut proxied) = (0, 0, 0);
                 for i in 0..GENERATED {
                     let pod: Pod = from_json(generated(i))?;
