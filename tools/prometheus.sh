@@ -86,7 +86,9 @@ for cmd in prometheus promtool; do
   log "built $cmd in $(($(date +%s) - t0))s"
 done
 
-got=$("$BIN_DIR/promtool" --version 2>&1 | head -n1)
+# Captured whole, then cut: with pipefail, `promtool --version | head -n1` can fail (SIGPIPE).
+got=$("$BIN_DIR/promtool" --version 2>&1)
+got=${got%%$'\n'*}
 [[ "$got" == *"version $RELEASE"* ]] || die "promtool --version says '$got', want $RELEASE"
 touch "$MARKER"
 log "prometheus $RELEASE built in $(($(date +%s) - START))s: $BIN_DIR"

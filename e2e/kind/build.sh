@@ -79,7 +79,10 @@ if ! present; then
 
   got=$("$BIN_DIR/kind" version 2>&1)
   [[ "$got" == "kind $KIND_VERSION "* ]] || die "kind version says '$got'"
-  got=$("$BIN_DIR/coredns" -version 2>&1 | head -n1)
+  # Captured whole, then cut: with pipefail, `coredns -version | head -n1` fails whenever head
+  # exits before coredns writes its second line (SIGPIPE), and set -e ends the script silently.
+  got=$("$BIN_DIR/coredns" -version 2>&1)
+  got=${got%%$'\n'*}
   [[ "$got" == "CoreDNS-${COREDNS_VERSION#v}" ]] || die "coredns -version says '$got'"
   "$BIN_DIR/crictl" --version >&2
   {
