@@ -41,11 +41,27 @@ impl CheckRun {
 /// `sidecar-injector check` for the suite's release, the dry-run pod in `pod_namespace`. The
 /// suite's serving certificates last two days: a warning only under one.
 pub async fn check(env: &Env, pod_namespace: &str) -> anyhow::Result<CheckRun> {
+    check_release(
+        env,
+        &env.injector_namespace,
+        &env.webhook_config,
+        pod_namespace,
+    )
+    .await
+}
+
+/// `sidecar-injector check` for the release whose objects are named `release` in `namespace`.
+pub async fn check_release(
+    env: &Env,
+    namespace: &str,
+    release: &str,
+    pod_namespace: &str,
+) -> anyhow::Result<CheckRun> {
     let bin = env.injector_bin.clone().context("no E2E_INJECTOR_BIN")?;
     let out = tokio::process::Command::new(&bin)
         .arg("check")
-        .args(["--namespace", &env.injector_namespace])
-        .args(["--release", &env.webhook_config])
+        .args(["--namespace", namespace])
+        .args(["--release", release])
         .args(["--pod-namespace", pod_namespace])
         .args(["--expiry-warning-days", "1"])
         .args(["-o", "json"])

@@ -1881,6 +1881,7 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
             .await;
             cx.delete_namespace(&ns).await.ok();
             result?;
+            check_policy_mode(&cx, &release_ns, &kinds.items[0], version).await?;
 
             // The values change; the keeper reads the new ConfigMap and applies its export.
             cx.helm(&["upgrade", RELEASE, &chart, "-n", &release_ns, "-f", &v2, "--wait", "--timeout", "120s"]).await?;
@@ -1912,6 +1913,145 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
         release_cleanup(&cx, RELEASE, &release_ns, body).await
     })
     .await
+}
+
+/// n11's `check` in policy mode: `helm test` passes, naming the MutatingAdmissionPolicy and the
+/// keeper (and skipping the webhooks, which policy mode has none of); with the keeper stopped
+/// and the policy's digest made stale, `check` fails on it and warns of the keeper; once the
+/// keeper is back it re-applies the policy and `check` passes again.
+async fn check_policy_mode(
+    cx: &Ctx,
+    release_ns: &str,
+    keeper: &Deployment,
+    version: &str,
+) -> anyhow::Result<()> {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, LogParams};
+    use sidecar_injector_e2e::check::check_release;
+    const POLICY: &str = "sidecar-injector-p2";
+    let name = keeper
+        .metadata
+        .name
+        .clone()
+        .context("the keeper's Deployment has no name")?;
+    let pods = cx.pods_in(release_ns);
+    let test_pod = format!("{name}-test-check");
+    let tested = cx
+        .helm(&["test", "e2e-p2", "-n", release_ns, "--timeout", "120s"])
+        .await;
+    let log = pods
+        .logs(&test_pod, &LogParams::default())
+        .await
+        .unwrap_or_default();
+    pods.delete(&test_pod, &DeleteParams::default()).await.ok();
+    tested.with_context(|| format!("helm test in policy mode; its pod wrote:\n{log}"))?;
+    for line in [
+        format!(
+            "✓ MutatingAdmissionPolicy {POLICY} ({version}): the export of the running configuration"
+        ),
+        format!("✓ MutatingAdmissionPolicyBinding {POLICY}: the export"),
+        format!("✓ Deployment {name}: 1 of 1 ready"),
+        format!("✓ ValidatingAdmissionPolicy {POLICY}-backstop: the export"),
+        "✓ dry-run pod in default: injected".to_owned(),
+        format!("- MutatingWebhookConfiguration {name}: skipped: policy mode"),
+    ] {
+        ensure!(
+            log.contains(&line),
+            "helm test in policy mode: no line {line:?} in:\n{log}"
+        );
+    }
+    for line in log.lines() {
+        println!("n11: helm test in policy mode: {line}");
+    }
+
+    let deployments = Api::<Deployment>::namespaced(cx.client.clone(), release_ns);
+    let scale = |replicas: i32| {
+        let deployments = deployments.clone();
+        let name = name.clone();
+        async move {
+            deployments
+                .patch_scale(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+                )
+                .await
+        }
+    };
+    let selector = keeper
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    scale(0).await?;
+    let result = async {
+        // Gone, not terminating: a keeper in its shutdown could still apply.
+        eventually("the keeper's pods gone", WAIT_LONG, || async {
+            Ok(pods
+                .list(&ListParams::default().labels(&selector))
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        })
+        .await?;
+        let policies: Api<DynamicObject> = Api::all_with(
+            cx.client.clone(),
+            &ApiResource::from_gvk(&GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                version,
+                "MutatingAdmissionPolicy",
+            )),
+        );
+        policies
+            .patch(
+                POLICY,
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"sidecar-injector.io/config": "stale"}}}),
+                ),
+            )
+            .await?;
+        let stale = check_release(&cx.env, release_ns, &name, "default").await?;
+        let report = format!("{:#}{}", stale.json, stale.stderr);
+        ensure!(
+            stale.code == 1,
+            "check with a stale policy: exit {}: {report}",
+            stale.code
+        );
+        ensure!(
+            stale.fails_with("mutatingPolicy", "stale: exported from configuration stale"),
+            "check with a stale policy does not name it: {report}"
+        );
+        ensure!(
+            stale
+                .in_state("warn")
+                .iter()
+                .any(|(c, _, m)| c == "keeper" && m.contains("will not reach them")),
+            "check with the keeper stopped does not warn of it: {report}"
+        );
+        anyhow::Ok(())
+    }
+    .await;
+    scale(1).await?;
+    result?;
+    eventually(
+        "check passing, the keeper ready, once it is back",
+        WAIT_LONG,
+        || async {
+            let run = check_release(&cx.env, release_ns, &name, "default").await?;
+            let ready = run.in_state("pass").iter().any(|(c, _, _)| c == "keeper");
+            Ok((run.code == 0 && ready).then_some(()))
+        },
+    )
+    .await?;
+    println!(
+        "n11: check failed on a stale MutatingAdmissionPolicy with the keeper stopped, and passed once it was back"
+    );
+    Ok(())
 }
 
 /// The image the suite's own release runs (made by `make image`, never pulled).

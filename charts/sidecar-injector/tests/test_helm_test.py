@@ -101,3 +101,32 @@ def test_url_mode_reads_no_secret(helm):
 
 def test_it_can_be_turned_off(helm):
     assert not hooks(render("tests.check.enabled=false", helm=helm, tests=True))
+
+
+def test_policy_mode_checks_the_mutating_policy_and_its_keeper(helm):
+    r = render("mode=policy", "revision=canary", helm=helm, tests=True)
+    name = f"{RELEASE}-canary-test-check"
+    (container,) = r.one("Pod", name)["spec"]["containers"]
+    assert f"--release={RELEASE}-canary" in container["args"]
+    assert rules(r.one("ClusterRole", name)) == [
+        (("admissionregistration.k8s.io",), ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"),
+         ("get",), ("sidecar-injector-canary",)),
+        (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("list",), ()),
+        (("admissionregistration.k8s.io",),
+         ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"), ("get",),
+         (f"{RELEASE}-canary",)),
+        (("admissionregistration.k8s.io",),
+         ("validatingadmissionpolicies", "validatingadmissionpolicybindings"), ("get",),
+         ("sidecar-injector-canary-backstop",)),
+    ]
+    # The keeper's Deployment (whether it is ready); no Service, no certificate to read.
+    assert rules(r.one("Role", name)) == [
+        (("",), ("configmaps",), ("get",), (f"{RELEASE}-canary",)),
+        (("apps",), ("deployments",), ("get",), (f"{RELEASE}-canary",)),
+    ]
+
+
+def test_policy_mode_from_a_manifest_has_no_keeper_to_read(helm):
+    r = render("mode=policy", "deployment.enabled=false", helm=helm, tests=True,
+               values={"policies": {"mutating": {"manifest": "apiVersion: v1\nkind: List\nitems: []\n"}}})
+    assert [rule["resources"] for rule in r.one("Role", NAME)["rules"]] == [["configmaps"]]

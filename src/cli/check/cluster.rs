@@ -11,7 +11,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{ListParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::{Api, Client, Resource};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
@@ -125,6 +125,52 @@ pub async fn backstop(
         other => other.absent(),
     };
     (policy, binding)
+}
+
+/// The MutatingAdmissionPolicy `name` and its binding, by their annotations, with the API
+/// version the policy was found in: v1 (Kubernetes 1.36+) first, then v1beta1 (1.34-1.35).
+pub async fn mutating_policy(
+    client: &Client,
+    name: &str,
+) -> (
+    Option<String>,
+    Got<BTreeMap<String, String>>,
+    Got<BTreeMap<String, String>>,
+) {
+    // Not served in a version (404), or not there: the next version may have it. A refusal or
+    // an error is reported unless a version has it.
+    let mut unread = None;
+    for version in ["v1", "v1beta1"] {
+        let get = |kind: &'static str| {
+            let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                version,
+                kind,
+            ));
+            let plural = resource.plural.clone();
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            async move {
+                match got(api.get(name).await, || format!("get {plural} {name}")) {
+                    Got::Found(o) => Got::Found(o.metadata.annotations.unwrap_or_default()),
+                    other => other.absent(),
+                }
+            }
+        };
+        match get("MutatingAdmissionPolicy").await {
+            Got::Missing => {}
+            Got::Found(policy) => {
+                let binding = get("MutatingAdmissionPolicyBinding").await;
+                return (Some(version.to_owned()), Got::Found(policy), binding);
+            }
+            other => {
+                unread.get_or_insert(other);
+            }
+        }
+    }
+    match unread {
+        Some(why) => (None, why.clone(), why),
+        None => (None, Got::Missing, Got::Missing),
+    }
 }
 
 /// A server-side dry-run create of `pod` in `namespace`: stores nothing, runs every admission

@@ -17,7 +17,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::engine::check::{
-    self, Got, Installation, Observed, backstop, probe, target_key, tls, webhooks,
+    self, Got, Installation, Observed, backstop, policy_mode, probe, target_key, tls, webhooks,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -117,6 +117,8 @@ impl CheckArgs {
         let validating =
             cluster::get_cluster::<ValidatingWebhookConfiguration>(&client, &release).await;
         let deployment = cluster::get_namespaced::<Deployment>(&client, &namespace, &release).await;
+        let policy_mode =
+            read_policy_mode(&client, &config, &deployment, &mutating, &validating).await;
 
         let mut entries: Vec<webhooks::Entry> = Vec::new();
         if let Got::Found(c) = &mutating {
@@ -179,6 +181,7 @@ impl CheckArgs {
             served,
             backstop: backstop_seen,
             dry_run,
+            policy_mode,
             all_mutating,
         });
         let text = match output {
@@ -196,6 +199,41 @@ impl CheckArgs {
             ExitCode::FAILURE
         })
     }
+}
+
+/// What policy mode has, when the installation is in it: its Deployment is a keeper, or it has no
+/// mutating webhook configuration and the MutatingAdmissionPolicy is there. An installation with
+/// its webhook configuration and no keeper is in webhook mode: nothing more is read.
+async fn read_policy_mode(
+    client: &kube::Client,
+    config: &Got<crate::engine::config::Injector>,
+    deployment: &Got<Deployment>,
+    mutating: &Got<MutatingWebhookConfiguration>,
+    validating: &Got<ValidatingWebhookConfiguration>,
+) -> Option<policy_mode::Seen> {
+    let keeper = deployment.found().filter(|d| policy_mode::is_keeper(d));
+    if keeper.is_none() && !matches!(mutating, Got::Missing) {
+        return None;
+    }
+    let name = config.found().map_or_else(
+        || "sidecar-injector".to_owned(),
+        crate::engine::policy::base_name,
+    );
+    let (api_version, policy, binding) = cluster::mutating_policy(client, &name).await;
+    if !policy_mode::detect(deployment, mutating, validating, &policy) {
+        return None;
+    }
+    let keeper = match (keeper, deployment) {
+        (Some(d), _) => Got::Found(policy_mode::Replicas::of(d)),
+        (None, Got::Found(_)) => Got::Missing,
+        (None, other) => other.as_ref().absent(),
+    };
+    Some(policy_mode::Seen {
+        keeper,
+        api_version,
+        policy,
+        binding,
+    })
 }
 
 /// The chain in the TLS Secret the Deployment mounts.

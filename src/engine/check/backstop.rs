@@ -14,13 +14,18 @@ pub const BACKSTOP_ENV: &str = "SIDECAR_INJECTOR_BACKSTOP";
 
 /// Whether the Deployment's server keeps the backstop in step (`SIDECAR_INJECTOR_BACKSTOP=true`).
 pub fn server_applies(deployment: &Deployment) -> bool {
+    env_is_true(deployment, BACKSTOP_ENV)
+}
+
+/// Whether a container of the Deployment sets `name` to `true`.
+pub(super) fn env_is_true(deployment: &Deployment, name: &str) -> bool {
     deployment
         .spec
         .iter()
         .flat_map(|s| s.template.spec.iter())
         .flat_map(|s| &s.containers)
         .flat_map(|c| c.env.iter().flatten())
-        .any(|e| e.name == BACKSTOP_ENV && e.value.as_deref() == Some("true"))
+        .any(|e| e.name == name && e.value.as_deref() == Some("true"))
 }
 
 /// What was read of the backstop. Objects are given by their annotations.
@@ -77,10 +82,16 @@ pub fn judge(name: &str, digest: &str, seen: &Seen) -> Vec<Finding> {
             policy_subject,
             format!("cannot be read: {error}"),
         )),
-        Got::Found(annotations) => out.push(in_step(&policy_subject, annotations, digest, keeper)),
+        Got::Found(annotations) => out.push(in_step("backstop", &policy_subject, annotations, digest, keeper)),
     }
     match &seen.binding {
-        Got::Found(annotations) => out.push(in_step(&binding_subject, annotations, digest, keeper)),
+        Got::Found(annotations) => out.push(in_step(
+            "backstop",
+            &binding_subject,
+            annotations,
+            digest,
+            keeper,
+        )),
         Got::Missing => out.push(
             Finding::fail(
                 "backstop",
@@ -103,7 +114,10 @@ pub fn judge(name: &str, digest: &str, seen: &Seen) -> Vec<Finding> {
     out
 }
 
-fn in_step(
+/// Whether an exported object (given by its annotations) carries the running configuration's
+/// digest; `keeper` is what to do when it does not.
+pub(super) fn in_step(
+    check: &'static str,
     subject: &str,
     annotations: &BTreeMap<String, String>,
     digest: &str,
@@ -111,19 +125,19 @@ fn in_step(
 ) -> Finding {
     match annotations.get(CONFIG_ANNOTATION) {
         Some(have) if have == digest => Finding::pass(
-            "backstop",
+            check,
             subject,
             format!("the export of the running configuration ({CONFIG_ANNOTATION}: {digest})"),
         ),
         Some(have) => Finding::new(
-            "backstop",
+            check,
             State::Fail,
             subject,
             format!("stale: exported from configuration {have}, the ConfigMap's is {digest}"),
         )
         .fix(keeper),
         None => Finding::fail(
-            "backstop",
+            check,
             subject,
             format!("has no {CONFIG_ANNOTATION} annotation: not an export of this version's, or edited by hand"),
         )

@@ -5,12 +5,15 @@
 //! - [`tls`]: whether each `caBundle` verifies the certificate the server serves, and when that
 //!   certificate expires.
 //! - [`backstop`]: whether the backstop is the export of the running configuration.
+//! - [`policy_mode`]: an installation with no webhook, where the API server injects through the
+//!   MutatingAdmissionPolicy: whether it is in step, and its keeper.
 //! - [`probe`]: the opted-in pod a dry run creates, and what its answer says.
 //!
 //! Pure: fetched objects (or why they could not be fetched) and the time in, one [`Finding`]
 //! per line out. The API calls, the TLS handshake and the clock are in `crate::cli::check`.
 
 pub mod backstop;
+pub mod policy_mode;
 pub mod probe;
 pub mod tls;
 pub mod webhooks;
@@ -249,6 +252,8 @@ pub struct Observed {
     pub backstop: Option<backstop::Seen>,
     /// `None` when the configuration could not be read (no probe to make).
     pub dry_run: Option<probe::Answer>,
+    /// `Some` when the installation is in policy mode ([`policy_mode::detect`]).
+    pub policy_mode: Option<policy_mode::Seen>,
     pub all_mutating: Got<Vec<MutatingWebhookConfiguration>>,
 }
 
@@ -307,11 +312,27 @@ pub fn judge(o: &Observed) -> Report {
         Got::Found(c) => Got::Found(webhooks::validating_entries(c)),
         other => other.as_ref().absent(),
     };
+    let road = match o.policy_mode {
+        Some(_) => probe::Road::Policy,
+        None => probe::Road::Webhooks,
+    };
+    let policy_name = o.config.found().map_or_else(
+        || "sidecar-injector".to_owned(),
+        crate::engine::policy::base_name,
+    );
     for (kind, got) in [
         ("MutatingWebhookConfiguration", &mutating),
         ("ValidatingWebhookConfiguration", &validating),
     ] {
-        out.extend(webhooks::configuration(kind, &inst.release, got, &expect));
+        match (road, got) {
+            (probe::Road::Policy, Got::Missing) => {
+                out.push(policy_mode::no_webhooks(kind, &inst.release, &policy_name));
+            }
+            _ => out.extend(webhooks::configuration(kind, &inst.release, got, &expect)),
+        }
+    }
+    if let (Got::Found(inj), Some(seen)) = (&o.config, &o.policy_mode) {
+        out.extend(policy_mode::judge(inst, &policy_name, &inj.digest, seen));
     }
     if let (Some(m), Some(v)) = (mutating.found(), validating.found()) {
         out.extend(webhooks::pairing(&inst.release, m, v, &expect));
@@ -328,7 +349,7 @@ pub fn judge(o: &Observed) -> Report {
     let injected = matches!(
         (&o.dry_run, &o.config),
         (Some(answer @ probe::Answer::Admitted(_)), Got::Found(inj))
-            if probe::judge(inj, &o.pod_namespace, &probe::expected_sidecars(inj, &o.pod_namespace), answer).state == State::Pass
+            if probe::judge(road, inj, &o.pod_namespace, &probe::expected_sidecars(inj, &o.pod_namespace), answer).state == State::Pass
     );
     for (kind, got) in [
         ("MutatingWebhookConfiguration", &mutating),
@@ -371,7 +392,7 @@ pub fn judge(o: &Observed) -> Report {
     }
     if let (Got::Found(inj), Some(answer)) = (&o.config, &o.dry_run) {
         let expected = probe::expected_sidecars(inj, &o.pod_namespace);
-        out.push(probe::judge(inj, &o.pod_namespace, &expected, answer));
+        out.push(probe::judge(road, inj, &o.pod_namespace, &expected, answer));
     }
     let labels: BTreeMap<String, String> = o
         .config
@@ -379,15 +400,25 @@ pub fn judge(o: &Observed) -> Report {
         .map(probe::pod)
         .and_then(|p| serde_json::from_value(p["metadata"]["labels"].clone()).ok())
         .unwrap_or_default();
-    let ours = mutating
-        .found()
-        .and_then(|m| m.first())
-        .and_then(|e| e.reinvocation_policy.clone());
+    // The exported MutatingAdmissionPolicy is always reinvoked IfNeeded.
+    let (ours, reinvocation) = match road {
+        probe::Road::Policy => (
+            webhooks::Ours::Policy(&policy_name),
+            Some("IfNeeded".to_owned()),
+        ),
+        probe::Road::Webhooks => (
+            webhooks::Ours::Webhook(&inst.release),
+            mutating
+                .found()
+                .and_then(|m| m.first())
+                .and_then(|e| e.reinvocation_policy.clone()),
+        ),
+    };
     out.extend(webhooks::others(
         &o.all_mutating,
-        &inst.release,
+        ours,
         &labels,
-        ours.as_deref(),
+        reinvocation.as_deref(),
     ));
     Report::new(inst.clone(), out)
 }

@@ -68,9 +68,43 @@ pub enum Answer {
     Failed(String),
 }
 
+/// What injects opted-in pods in the checked installation, for what a failed probe tells to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Road {
+    /// The server, through the mutating webhook (the chart's default).
+    Webhooks,
+    /// The API server, through the MutatingAdmissionPolicy (`mode: policy`).
+    Policy,
+}
+
+impl Road {
+    fn refused_fix(self) -> &'static str {
+        match self {
+            Self::Webhooks => {
+                "the webhooks or the backstop refuse an opted-in pod: see the lines above, and the server's logs"
+            }
+            Self::Policy => {
+                "the backstop refuses an opted-in pod the MutatingAdmissionPolicy did not inject: see the lines above"
+            }
+        }
+    }
+
+    fn uninjected_fix(self) -> &'static str {
+        match self {
+            Self::Webhooks => {
+                "the mutating webhook was not called or failed open (failurePolicy Ignore): see the lines above, and the server's logs"
+            }
+            Self::Policy => {
+                "the MutatingAdmissionPolicy did not inject it (missing, stale, not loaded yet, or its match conditions left the pod alone): see the lines above"
+            }
+        }
+    }
+}
+
 /// Check 5: the dry run came back injected (the status annotation, every expected sidecar) and
 /// admitted (the validating webhook and the backstop let it through).
 pub fn judge(
+    road: Road,
     inj: &Injector,
     namespace: &str,
     expected: &Result<Vec<String>, String>,
@@ -98,9 +132,8 @@ pub fn judge(
     let pod = match answer {
         Answer::Admitted(pod) => pod,
         Answer::Refused(message) => {
-            return Finding::fail("dryRun", subject, format!("refused: {message}")).fix(
-                "the webhooks or the backstop refuse an opted-in pod: see the lines above, and the server's logs",
-            );
+            return Finding::fail("dryRun", subject, format!("refused: {message}"))
+                .fix(road.refused_fix());
         }
         Answer::Forbidden(right) => {
             return Finding::skip("dryRun", subject, format!("you lack the right to {right}"));
@@ -132,7 +165,7 @@ pub fn judge(
             subject,
             format!("admitted but not injected ({})", why.join("; ")),
         )
-        .fix("the mutating webhook was not called or failed open (failurePolicy Ignore): see the lines above, and the server's logs");
+        .fix(road.uninjected_fix());
     }
     Finding::pass(
         "dryRun",
@@ -176,6 +209,7 @@ mod tests {
         let names = expected.clone().expect("sidecars");
         assert!(!names.is_empty());
         let found = judge(
+            Road::Webhooks,
             &inj,
             "default",
             &expected,
@@ -191,6 +225,7 @@ mod tests {
         let expected = expected_sidecars(&inj, "default");
         let plain: Pod = serde_json::from_value(pod(&inj)).expect("a pod");
         let found = judge(
+            Road::Webhooks,
             &inj,
             "default",
             &expected,
@@ -205,6 +240,7 @@ mod tests {
             found.message
         );
         let refused = judge(
+            Road::Webhooks,
             &inj,
             "default",
             &expected,
@@ -215,7 +251,23 @@ mod tests {
                 .line()
                 .starts_with("✗ dry-run pod in default: refused: denied — ")
         );
+        let on_policy = judge(
+            Road::Policy,
+            &inj,
+            "default",
+            &expected,
+            &Answer::Admitted(Box::new(serde_json::from_value(pod(&inj)).expect("a pod"))),
+        );
+        assert!(
+            on_policy
+                .fix
+                .as_deref()
+                .is_some_and(|f| f.starts_with("the MutatingAdmissionPolicy did not inject it")),
+            "{}",
+            on_policy.line()
+        );
         let forbidden = judge(
+            Road::Webhooks,
             &inj,
             "default",
             &expected,
@@ -229,7 +281,13 @@ mod tests {
         let inj = injector();
         let expected = expected_sidecars(&inj, "kube-system");
         assert_eq!(expected, Ok(Vec::new()));
-        let found = judge(&inj, "kube-system", &expected, &Answer::Refused("x".into()));
+        let found = judge(
+            Road::Webhooks,
+            &inj,
+            "kube-system",
+            &expected,
+            &Answer::Refused("x".into()),
+        );
         assert!(found.line().contains("--pod-namespace"));
     }
 

@@ -482,11 +482,20 @@ fn could_match(selector: Option<&LabelSelector>, labels: &BTreeMap<String, Strin
     true
 }
 
+/// What injects, for [`others`]: the webhook configuration of that name, which the API server
+/// calls among the others by name; or the MutatingAdmissionPolicy of that name, which it runs
+/// before every mutating webhook (its admission plugin comes first).
+#[derive(Clone, Copy, Debug)]
+pub enum Ours<'a> {
+    Webhook(&'a str),
+    Policy(&'a str),
+}
+
 /// Check 6: the other mutating webhooks that are called for the same pod creates, in the
 /// order the API server calls them (by configuration name, then entry order).
 pub fn others(
     all: &Got<Vec<MutatingWebhookConfiguration>>,
-    ours: &str,
+    ours: Ours<'_>,
     pod_labels: &BTreeMap<String, String>,
     our_reinvocation: Option<&str>,
 ) -> Vec<Finding> {
@@ -499,10 +508,10 @@ pub fn others(
     configs.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let mut before = Vec::new();
     let mut after = Vec::new();
-    let mut seen_ours = false;
+    let mut seen_ours = matches!(ours, Ours::Policy(_));
     for c in configs {
         let name = c.metadata.name.clone().unwrap_or_default();
-        if name == ours {
+        if matches!(ours, Ours::Webhook(n) if n == name) {
             seen_ours = true;
             continue;
         }
@@ -531,7 +540,12 @@ pub fn others(
     let mut message =
         String::from("the API server calls them by configuration name, then entry order: ");
     let mut order: Vec<String> = before.iter().map(|b| format!("{b} before ours")).collect();
-    order.push(format!("ours ({ours})"));
+    order.push(match ours {
+        Ours::Webhook(name) => format!("ours ({name})"),
+        Ours::Policy(name) => {
+            format!("ours (MutatingAdmissionPolicy {name}: policies run before every webhook)")
+        }
+    });
     order.extend(after.iter().map(|a| format!("{a} after ours")));
     message.push_str(&order.join(", "));
     if our_reinvocation == Some("IfNeeded") {
@@ -805,24 +819,47 @@ mod tests {
                 "Never",
             ),
         ]);
-        let found = others(&all, "sidecar-injector", &labels, Some("IfNeeded"));
+        let found = others(
+            &all,
+            Ours::Webhook("sidecar-injector"),
+            &labels,
+            Some("IfNeeded"),
+        );
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].state, State::Pass);
         assert_eq!(
             found[0].message,
             "the API server calls them by configuration name, then entry order: aa-mesh/aa-mesh.example.com (reinvocationPolicy IfNeeded) before ours, ours (sidecar-injector), zz-adder/zz-adder.example.com (reinvocationPolicy Never) after ours; with reinvocationPolicy IfNeeded ours is called again after them, so it sees the containers they add"
         );
-        let never = others(&all, "sidecar-injector", &labels, Some("Never"));
+        let never = others(
+            &all,
+            Ours::Webhook("sidecar-injector"),
+            &labels,
+            Some("Never"),
+        );
         assert_eq!(never[0].state, State::Warn);
         let alone = others(
             &Got::Found(vec![chart_mutating(5)]),
-            "sidecar-injector",
+            Ours::Webhook("sidecar-injector"),
             &labels,
             Some("IfNeeded"),
         );
         assert_eq!(
             alone[0].line(),
             "✓ other mutating webhooks: none is called for the pods it injects"
+        );
+        // In policy mode every webhook comes after the policy, which is called again after them.
+        let policy = others(
+            &all,
+            Ours::Policy("sidecar-injector"),
+            &labels,
+            Some("IfNeeded"),
+        );
+        assert_eq!(policy[0].state, State::Pass);
+        assert!(
+            policy[0].message.contains("ours (MutatingAdmissionPolicy sidecar-injector: policies run before every webhook), aa-mesh/aa-mesh.example.com (reinvocationPolicy IfNeeded) after ours, sidecar-injector/inject.sidecar-injector.io"),
+            "{}",
+            policy[0].message
         );
     }
 }

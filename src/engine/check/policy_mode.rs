@@ -1,0 +1,283 @@
+//! Policy mode (the chart's `mode: policy`): the API server injects by itself, through the
+//! MutatingAdmissionPolicy exported from the release's configuration. There is no webhook,
+//! Service or certificate to look at; what matters is whether the policy and its binding are the
+//! export of the running configuration, and whether the keeper that keeps them so is running.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+
+use super::backstop::{env_is_true, in_step};
+use super::{Finding, Got, Installation, State, unread};
+
+/// The environment variable that makes the chart's pod a keeper (`serve --policies-only`).
+pub const POLICIES_ONLY_ENV: &str = "SIDECAR_INJECTOR_POLICIES_ONLY";
+
+/// Whether the Deployment runs the policy keeper rather than a webhook server.
+pub fn is_keeper(deployment: &Deployment) -> bool {
+    env_is_true(deployment, POLICIES_ONLY_ENV)
+}
+
+/// How many of the keeper's replicas are ready.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replicas {
+    pub desired: i32,
+    pub ready: i32,
+}
+
+impl Replicas {
+    pub fn of(deployment: &Deployment) -> Self {
+        Self {
+            desired: deployment
+                .spec
+                .as_ref()
+                .and_then(|s| s.replicas)
+                .unwrap_or(1),
+            ready: deployment
+                .status
+                .as_ref()
+                .and_then(|s| s.ready_replicas)
+                .unwrap_or(0),
+        }
+    }
+}
+
+/// What was read of an installation in policy mode.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    /// The keeper's Deployment; `Missing` when the policies came from
+    /// `policies.mutating.manifest` (no pod keeps them).
+    pub keeper: Got<Replicas>,
+    /// The MutatingAdmissionPolicy's API version where it was found (`v1`, `v1beta1`).
+    pub api_version: Option<String>,
+    /// The policy's and its binding's annotations.
+    pub policy: Got<BTreeMap<String, String>>,
+    pub binding: Got<BTreeMap<String, String>>,
+}
+
+/// Whether an installation is in policy mode: its Deployment is a keeper, or it has no webhook
+/// configuration but the MutatingAdmissionPolicy is there (applied from a manifest).
+pub fn detect<A, B>(
+    deployment: &Got<Deployment>,
+    mutating: &Got<A>,
+    validating: &Got<B>,
+    policy: &Got<BTreeMap<String, String>>,
+) -> bool {
+    deployment.found().is_some_and(is_keeper)
+        || (matches!(mutating, Got::Missing)
+            && matches!(validating, Got::Missing)
+            && matches!(policy, Got::Found(_)))
+}
+
+/// The webhook configuration line of an installation in policy mode, which has none.
+pub fn no_webhooks(kind: &str, release: &str, policy: &str) -> Finding {
+    Finding::skip(
+        "webhooks",
+        format!("{kind} {release}"),
+        format!(
+            "policy mode: the API server injects through the MutatingAdmissionPolicy {policy}, with no webhook"
+        ),
+    )
+}
+
+/// The policy and its binding against the running configuration's `digest`, and the keeper.
+/// `name`: the policy's (and its binding's) name, `sidecar-injector[-<revision>]`.
+pub fn judge(inst: &Installation, name: &str, digest: &str, seen: &Seen) -> Vec<Finding> {
+    let version = seen
+        .api_version
+        .as_deref()
+        .map(|v| format!(" ({v})"))
+        .unwrap_or_default();
+    let policy_subject = format!("MutatingAdmissionPolicy {name}{version}");
+    let binding_subject = format!("MutatingAdmissionPolicyBinding {name}");
+    let kept = matches!(seen.keeper, Got::Found(_));
+    let fix = if kept {
+        format!(
+            "the keeper has not applied the running configuration's policy: see its logs / sidecar_injector_backstop_in_step{{policy=\"{name}\"}}"
+        )
+    } else {
+        "export it again from the running configuration (sidecar-injector export mutating --configmap ...) and apply it, or let the chart keep it (mode: policy without policies.mutating.manifest)".to_owned()
+    };
+    let mut out = Vec::new();
+    for (subject, got, missing) in [
+        (
+            &policy_subject,
+            &seen.policy,
+            "missing: in policy mode nothing injects opted-in pods without it",
+        ),
+        (
+            &binding_subject,
+            &seen.binding,
+            "missing: without it the policy injects nothing",
+        ),
+    ] {
+        out.push(match got {
+            Got::Found(annotations) => {
+                in_step("mutatingPolicy", subject, annotations, digest, &fix)
+            }
+            Got::Missing => {
+                Finding::fail("mutatingPolicy", subject.as_str(), missing).fix(fix.clone())
+            }
+            other => unread(other, "mutatingPolicy", subject)
+                .unwrap_or_else(|| Finding::fail("mutatingPolicy", subject.as_str(), "not read")),
+        });
+    }
+    let subject = format!("Deployment {}", inst.release);
+    out.push(match &seen.keeper {
+        Got::Found(r) if r.ready > 0 => Finding::pass(
+            "keeper",
+            subject,
+            format!(
+                "{} of {} ready: keeps the policies in step with the ConfigMap",
+                r.ready, r.desired
+            ),
+        ),
+        Got::Found(r) => Finding::new(
+            "keeper",
+            State::Warn,
+            subject,
+            format!(
+                "0 of {} ready: the policies applied last stay in force, but a change to the ConfigMap will not reach them",
+                r.desired
+            ),
+        )
+        .fix(format!(
+            "kubectl -n {} get pods -l app.kubernetes.io/instance={}",
+            inst.namespace, inst.release
+        )),
+        Got::Missing => Finding::skip(
+            "keeper",
+            subject,
+            "no keeper: the policies were applied from a manifest (policies.mutating.manifest); export them again after every change to the configuration",
+        ),
+        other => unread(other, "keeper", &subject)
+            .unwrap_or_else(|| Finding::fail("keeper", subject.as_str(), "not read")),
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::policy::CONFIG_ANNOTATION;
+
+    fn annotated(digest: &str) -> Got<BTreeMap<String, String>> {
+        Got::Found([(CONFIG_ANNOTATION.to_owned(), digest.to_owned())].into())
+    }
+
+    fn inst() -> Installation {
+        Installation {
+            namespace: "ns".into(),
+            release: "r".into(),
+        }
+    }
+
+    fn seen(keeper: Got<Replicas>, policy: Got<BTreeMap<String, String>>) -> Seen {
+        Seen {
+            keeper,
+            api_version: Some("v1".into()),
+            binding: annotated("abc"),
+            policy,
+        }
+    }
+
+    const READY: Replicas = Replicas {
+        desired: 1,
+        ready: 1,
+    };
+
+    #[test]
+    fn in_step_with_a_ready_keeper_passes() {
+        let found = judge(
+            &inst(),
+            "sidecar-injector",
+            "abc",
+            &seen(Got::Found(READY), annotated("abc")),
+        );
+        assert_eq!(found.len(), 3);
+        assert!(found.iter().all(|f| f.state == State::Pass), "{found:?}");
+        assert_eq!(
+            found[0].line(),
+            "✓ MutatingAdmissionPolicy sidecar-injector (v1): the export of the running configuration (sidecar-injector.io/config: abc)"
+        );
+        assert_eq!(
+            found[2].line(),
+            "✓ Deployment r: 1 of 1 ready: keeps the policies in step with the ConfigMap"
+        );
+    }
+
+    #[test]
+    fn a_stale_or_missing_policy_fails_and_names_who_should_fix_it() {
+        let stale = judge(
+            &inst(),
+            "p",
+            "abc",
+            &seen(Got::Found(READY), annotated("old")),
+        );
+        assert_eq!(stale[0].state, State::Fail);
+        assert!(stale[0].line().contains("stale: exported from configuration old, the ConfigMap's is abc — the keeper has not applied"), "{}", stale[0].line());
+        let by_hand = judge(&inst(), "p", "abc", &seen(Got::Missing, annotated("old")));
+        assert!(
+            by_hand[0].line().contains("export it again"),
+            "{}",
+            by_hand[0].line()
+        );
+        assert_eq!(by_hand[2].state, State::Skip);
+        let missing = judge(&inst(), "p", "abc", &seen(Got::Found(READY), Got::Missing));
+        assert_eq!(missing[0].state, State::Fail);
+        assert!(missing[0].message.contains("nothing injects"));
+        let forbidden = judge(
+            &inst(),
+            "p",
+            "abc",
+            &seen(
+                Got::Found(READY),
+                Got::Forbidden("get mutatingadmissionpolicies p".into()),
+            ),
+        );
+        assert_eq!(forbidden[0].state, State::Skip);
+    }
+
+    #[test]
+    fn a_keeper_with_no_ready_replica_is_a_warning() {
+        let found = judge(
+            &inst(),
+            "p",
+            "abc",
+            &seen(
+                Got::Found(Replicas {
+                    desired: 1,
+                    ready: 0,
+                }),
+                annotated("abc"),
+            ),
+        );
+        assert_eq!(found[2].state, State::Warn);
+        assert_eq!(
+            found[2].fix.as_deref(),
+            Some("kubectl -n ns get pods -l app.kubernetes.io/instance=r")
+        );
+    }
+
+    #[test]
+    fn policy_mode_is_the_keeper_or_a_policy_without_webhooks() {
+        let keeper: Deployment = serde_json::from_value(serde_json::json!({
+            "spec": {"selector": {}, "template": {"spec": {"containers": [{
+                "name": "sidecar-injector",
+                "env": [{"name": POLICIES_ONLY_ENV, "value": "true"}],
+            }]}}}
+        }))
+        .expect("a Deployment");
+        let none: Got<()> = Got::Missing;
+        let some: Got<()> = Got::Found(());
+        assert!(detect(&Got::Found(keeper), &some, &some, &Got::Missing));
+        assert!(detect(&Got::Missing, &none, &none, &annotated("abc")));
+        assert!(!detect(&Got::Missing, &some, &none, &annotated("abc")));
+        assert!(!detect(
+            &Got::Found(Deployment::default()),
+            &none,
+            &none,
+            &Got::Missing
+        ));
+    }
+}
