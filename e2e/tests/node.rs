@@ -1007,32 +1007,9 @@ extraTemplates:
     )
 }
 
-/// The backstop's `sidecar-injector.io/config` annotation and its owner's name, if it exists.
+/// The backstop's `sidecar-injector.io/config` annotation and its owners' names, if it exists.
 async fn backstop_state(cx: &Ctx, name: &str) -> anyhow::Result<Option<(String, String)>> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "admissionregistration.k8s.io",
-        "v1",
-        "ValidatingAdmissionPolicy",
-    ));
-    let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
-    Ok(api.get_opt(name).await?.map(|o| {
-        let digest = o
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get("sidecar-injector.io/config").cloned())
-            .unwrap_or_default();
-        let owner = o
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .map(|r| format!("{}/{}", r.kind, r.name))
-            .collect::<Vec<_>>()
-            .join(",");
-        (digest, owner)
-    }))
+    policy_state(cx, "v1", "ValidatingAdmissionPolicy", name).await
 }
 
 /// n08. The backstop follows the release's configuration by itself. A second release of the
@@ -1416,7 +1393,6 @@ fn node_loss_table(samples: &[Sample], failed_at: Duration, marks: &[(Duration, 
 /// the MutatingWebhookConfiguration, which stays), are deleted once no server of the backstop
 /// release is left to apply them again.
 async fn release_backstop(cx: &Ctx, ns: &str, release: &str, on: bool) -> anyhow::Result<()> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
     let chart = cx.env.chart.display().to_string();
     let set = format!("policies.backstop.enabled={on}");
     cx.helm(&[
@@ -1472,13 +1448,10 @@ async fn release_backstop(cx: &Ctx, ns: &str, release: &str, on: bool) -> anyhow
         ),
         ("ValidatingAdmissionPolicy", policy.clone()),
     ] {
-        let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "admissionregistration.k8s.io",
-            "v1",
-            kind,
-        ));
-        let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
-        match api.delete(&name, &DeleteParams::default()).await {
+        match admission_api(cx, "v1", kind)
+            .delete(&name, &DeleteParams::default())
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => {}
             Err(e) => return Err(e).with_context(|| format!("cannot delete {kind} {name}")),
@@ -1738,36 +1711,49 @@ config:
 }
 
 /// An exported policy's `sidecar-injector.io/config` annotation and its owners, if it exists.
+/// n11's release (policy mode, revision `p2`) and the MutatingAdmissionPolicy its keeper applies.
+const P2_RELEASE: &str = "e2e-p2";
+const P2_POLICY: &str = "sidecar-injector-p2";
+
+/// The objects of an admission-registration `kind` in `version`, read and written untyped (the
+/// MutatingAdmissionPolicy is v1 on 1.36+, v1beta1 before).
+fn admission_api(cx: &Ctx, version: &str, kind: &str) -> Api<kube::api::DynamicObject> {
+    use kube::api::{ApiResource, GroupVersionKind};
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        version,
+        kind,
+    ));
+    Api::all_with(cx.client.clone(), &ar)
+}
+
+/// A policy's `sidecar-injector.io/config` annotation and its owners' names, if it exists.
 async fn policy_state(
     cx: &Ctx,
     version: &str,
     kind: &str,
     name: &str,
 ) -> anyhow::Result<Option<(String, String)>> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "admissionregistration.k8s.io",
-        version,
-        kind,
-    ));
-    let api: Api<DynamicObject> = Api::all_with(cx.client.clone(), &ar);
-    Ok(api.get_opt(name).await?.map(|o| {
-        let annotations = o.metadata.annotations.unwrap_or_default();
-        let owners: Vec<String> = o
-            .metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .map(|r| format!("{}/{}", r.kind, r.name))
-            .collect();
-        (
-            annotations
-                .get("sidecar-injector.io/config")
-                .cloned()
-                .unwrap_or_default(),
-            owners.join(","),
-        )
-    }))
+    Ok(admission_api(cx, version, kind)
+        .get_opt(name)
+        .await?
+        .map(|o| {
+            let annotations = o.metadata.annotations.unwrap_or_default();
+            let owners: Vec<String> = o
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .map(|r| format!("{}/{}", r.kind, r.name))
+                .collect();
+            (
+                annotations
+                    .get("sidecar-injector.io/config")
+                    .cloned()
+                    .unwrap_or_default(),
+                owners.join(","),
+            )
+        }))
 }
 
 /// n11. The chart's policy mode with its defaults and any values, with no export command: the
@@ -1783,8 +1769,8 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
     use sidecar_injector_e2e::cluster::{dry_run, refusal};
     use sidecar_injector_e2e::pods::{REVISION_LABEL, STATUS_ANNOTATION, labelled, opted_in};
     use sidecar_injector_e2e::policies::mutating_version;
-    const RELEASE: &str = "e2e-p2";
-    const POLICY: &str = "sidecar-injector-p2";
+    const RELEASE: &str = P2_RELEASE;
+    const POLICY: &str = P2_POLICY;
     scenario("n11-policy-mode-chart", &[Need::Node], |cx| async move {
         let version = mutating_version(&cx.client)
             .await?
@@ -1925,9 +1911,9 @@ async fn check_policy_mode(
     keeper: &Deployment,
     version: &str,
 ) -> anyhow::Result<()> {
-    use kube::api::{ApiResource, DynamicObject, GroupVersionKind, LogParams};
+    use kube::api::LogParams;
     use sidecar_injector_e2e::check::check_release;
-    const POLICY: &str = "sidecar-injector-p2";
+    const POLICY: &str = P2_POLICY;
     let name = keeper
         .metadata
         .name
@@ -1936,7 +1922,7 @@ async fn check_policy_mode(
     let pods = cx.pods_in(release_ns);
     let test_pod = format!("{name}-test-check");
     let tested = cx
-        .helm(&["test", "e2e-p2", "-n", release_ns, "--timeout", "120s"])
+        .helm(&["test", P2_RELEASE, "-n", release_ns, "--timeout", "120s"])
         .await;
     let log = pods
         .logs(&test_pod, &LogParams::default())
@@ -1998,15 +1984,7 @@ async fn check_policy_mode(
                 .then_some(()))
         })
         .await?;
-        let policies: Api<DynamicObject> = Api::all_with(
-            cx.client.clone(),
-            &ApiResource::from_gvk(&GroupVersionKind::gvk(
-                "admissionregistration.k8s.io",
-                version,
-                "MutatingAdmissionPolicy",
-            )),
-        );
-        policies
+        admission_api(cx, version, "MutatingAdmissionPolicy")
             .patch(
                 POLICY,
                 &PatchParams::default(),

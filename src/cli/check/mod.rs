@@ -229,6 +229,7 @@ async fn read_policy_mode(
         (None, other) => other.as_ref().absent(),
     };
     Some(policy_mode::Seen {
+        name,
         keeper,
         api_version,
         policy,

@@ -316,23 +316,19 @@ pub fn judge(o: &Observed) -> Report {
         Some(_) => probe::Road::Policy,
         None => probe::Road::Webhooks,
     };
-    let policy_name = o.config.found().map_or_else(
-        || "sidecar-injector".to_owned(),
-        crate::engine::policy::base_name,
-    );
     for (kind, got) in [
         ("MutatingWebhookConfiguration", &mutating),
         ("ValidatingWebhookConfiguration", &validating),
     ] {
-        match (road, got) {
-            (probe::Road::Policy, Got::Missing) => {
-                out.push(policy_mode::no_webhooks(kind, &inst.release, &policy_name));
+        match (&o.policy_mode, got) {
+            (Some(seen), Got::Missing) => {
+                out.push(policy_mode::no_webhooks(kind, &inst.release, &seen.name));
             }
             _ => out.extend(webhooks::configuration(kind, &inst.release, got, &expect)),
         }
     }
     if let (Got::Found(inj), Some(seen)) = (&o.config, &o.policy_mode) {
-        out.extend(policy_mode::judge(inst, &policy_name, &inj.digest, seen));
+        out.extend(policy_mode::judge(inst, &inj.digest, seen));
     }
     if let (Some(m), Some(v)) = (mutating.found(), validating.found()) {
         out.extend(webhooks::pairing(&inst.release, m, v, &expect));
@@ -401,24 +397,21 @@ pub fn judge(o: &Observed) -> Report {
         .and_then(|p| serde_json::from_value(p["metadata"]["labels"].clone()).ok())
         .unwrap_or_default();
     // The exported MutatingAdmissionPolicy is always reinvoked IfNeeded.
-    let (ours, reinvocation) = match road {
-        probe::Road::Policy => (
-            webhooks::Ours::Policy(&policy_name),
-            Some("IfNeeded".to_owned()),
-        ),
-        probe::Road::Webhooks => (
+    let (ours, reinvocation) = match &o.policy_mode {
+        Some(seen) => (webhooks::Ours::Policy(&seen.name), Some("IfNeeded")),
+        None => (
             webhooks::Ours::Webhook(&inst.release),
             mutating
                 .found()
                 .and_then(|m| m.first())
-                .and_then(|e| e.reinvocation_policy.clone()),
+                .and_then(|e| e.reinvocation_policy.as_deref()),
         ),
     };
     out.extend(webhooks::others(
         &o.all_mutating,
         ours,
         &labels,
-        reinvocation.as_deref(),
+        reinvocation,
     ));
     Report::new(inst.clone(), out)
 }

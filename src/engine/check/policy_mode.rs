@@ -45,6 +45,8 @@ impl Replicas {
 /// What was read of an installation in policy mode.
 #[derive(Clone, Debug)]
 pub struct Seen {
+    /// The policy's (and its binding's) name, `sidecar-injector[-<revision>]`.
+    pub name: String,
     /// The keeper's Deployment; `Missing` when the policies came from
     /// `policies.mutating.manifest` (no pod keeps them).
     pub keeper: Got<Replicas>,
@@ -81,8 +83,8 @@ pub fn no_webhooks(kind: &str, release: &str, policy: &str) -> Finding {
 }
 
 /// The policy and its binding against the running configuration's `digest`, and the keeper.
-/// `name`: the policy's (and its binding's) name, `sidecar-injector[-<revision>]`.
-pub fn judge(inst: &Installation, name: &str, digest: &str, seen: &Seen) -> Vec<Finding> {
+pub fn judge(inst: &Installation, digest: &str, seen: &Seen) -> Vec<Finding> {
+    let name = &seen.name;
     let version = seen
         .api_version
         .as_deref()
@@ -174,6 +176,7 @@ mod tests {
 
     fn seen(keeper: Got<Replicas>, policy: Got<BTreeMap<String, String>>) -> Seen {
         Seen {
+            name: "p".into(),
             keeper,
             api_version: Some("v1".into()),
             binding: annotated("abc"),
@@ -188,17 +191,12 @@ mod tests {
 
     #[test]
     fn in_step_with_a_ready_keeper_passes() {
-        let found = judge(
-            &inst(),
-            "sidecar-injector",
-            "abc",
-            &seen(Got::Found(READY), annotated("abc")),
-        );
+        let found = judge(&inst(), "abc", &seen(Got::Found(READY), annotated("abc")));
         assert_eq!(found.len(), 3);
         assert!(found.iter().all(|f| f.state == State::Pass), "{found:?}");
         assert_eq!(
             found[0].line(),
-            "✓ MutatingAdmissionPolicy sidecar-injector (v1): the export of the running configuration (sidecar-injector.io/config: abc)"
+            "✓ MutatingAdmissionPolicy p (v1): the export of the running configuration (sidecar-injector.io/config: abc)"
         );
         assert_eq!(
             found[2].line(),
@@ -208,27 +206,21 @@ mod tests {
 
     #[test]
     fn a_stale_or_missing_policy_fails_and_names_who_should_fix_it() {
-        let stale = judge(
-            &inst(),
-            "p",
-            "abc",
-            &seen(Got::Found(READY), annotated("old")),
-        );
+        let stale = judge(&inst(), "abc", &seen(Got::Found(READY), annotated("old")));
         assert_eq!(stale[0].state, State::Fail);
         assert!(stale[0].line().contains("stale: exported from configuration old, the ConfigMap's is abc — the keeper has not applied"), "{}", stale[0].line());
-        let by_hand = judge(&inst(), "p", "abc", &seen(Got::Missing, annotated("old")));
+        let by_hand = judge(&inst(), "abc", &seen(Got::Missing, annotated("old")));
         assert!(
             by_hand[0].line().contains("export it again"),
             "{}",
             by_hand[0].line()
         );
         assert_eq!(by_hand[2].state, State::Skip);
-        let missing = judge(&inst(), "p", "abc", &seen(Got::Found(READY), Got::Missing));
+        let missing = judge(&inst(), "abc", &seen(Got::Found(READY), Got::Missing));
         assert_eq!(missing[0].state, State::Fail);
         assert!(missing[0].message.contains("nothing injects"));
         let forbidden = judge(
             &inst(),
-            "p",
             "abc",
             &seen(
                 Got::Found(READY),
@@ -242,7 +234,6 @@ mod tests {
     fn a_keeper_with_no_ready_replica_is_a_warning() {
         let found = judge(
             &inst(),
-            "p",
             "abc",
             &seen(
                 Got::Found(Replicas {
