@@ -25,8 +25,21 @@ pub struct ConfigArg {
 }
 
 impl ConfigArg {
+    /// The configuration, with its advisories on standard error (once, for a person at the
+    /// command line: nothing is refused for them).
     pub fn load(&self) -> anyhow::Result<Injector> {
-        Ok(injector(self.path.as_deref())?)
+        let inj = injector(self.path.as_deref())?;
+        warn_advisories(&inj);
+        Ok(inj)
+    }
+}
+
+/// Writes a loaded configuration's advisories to standard error, one `warning:` line each.
+pub fn warn_advisories(inj: &Injector) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    for advice in &inj.advisories {
+        let _ = writeln!(err, "warning: {advice}");
     }
 }
 

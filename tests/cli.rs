@@ -180,8 +180,13 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
         let containers = names(template, "containers");
         let init = names(template, "initContainers");
         assert!(
-            containers.iter().any(|n| n == "log-shipper"),
+            !containers.iter().any(|n| n == "log-shipper"),
             "{kind}: {containers:?}"
+        );
+        assert_eq!(
+            init.first().map(String::as_str),
+            Some("log-shipper"),
+            "{kind}: {init:?}"
         );
         let status = template["metadata"]["annotations"]["sidecar-injector.io/status"]
             .as_str()
@@ -195,7 +200,7 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
             );
         } else {
             assert_eq!(
-                init.first().map(String::as_str),
+                init.get(1).map(String::as_str),
                 Some("proxy"),
                 "{kind}: {init:?}"
             );
@@ -279,12 +284,12 @@ fn inject_reads_what_kubectl_get_prints() {
         for name in ["web", "db"] {
             let template = template_of(by_name(name));
             assert!(
-                names(template, "containers").contains(&"log-shipper".to_owned()),
+                !names(template, "containers").contains(&"log-shipper".to_owned()),
                 "{file}: {name}"
             );
             assert_eq!(
                 names(template, "initContainers"),
-                ["proxy"],
+                ["log-shipper", "proxy"],
                 "{file}: {name}"
             );
         }
@@ -319,7 +324,7 @@ fn inject_reads_any_kind_with_a_pod_template() {
         assert_eq!(item["kind"], kind);
         assert_eq!(
             names(template_of(item), "initContainers"),
-            ["proxy"],
+            ["log-shipper", "proxy"],
             "{kind}"
         );
         assert_eq!(
@@ -454,8 +459,8 @@ fn explain_gives_every_reason() {
         "Pod/windows: not injected: opted in, but Windows pods are skipped",
         "Pod/typo: cannot be injected: annotation sidecar-injector.io/templates asks for template \"tracing\", which does not exist",
         "Pod/fresh: injected with [log-shipper, proxy] (opted in by the pod's label sidecar-injector.io/inject=\"true\"); it would get:",
+        "  + init container log-shipper (cr.fluentbit.io/fluent/fluent-bit:3.2.4) as a native sidecar",
         "  + init container proxy (docker.io/envoyproxy/envoy:v1.32.3) as a native sidecar",
-        "  + container log-shipper (cr.fluentbit.io/fluent/fluent-bit:3.2.4)",
         "  + volume sidecar-logs",
         "  + env APP_LOG_DIR in container #0",
         "  + annotation sidecar-injector.io/status=",
@@ -512,7 +517,7 @@ fn explain_and_inject_know_namespace_opt_in() {
         with_doc.as_bytes(),
     )));
     let docs: Vec<Value> = split_documents(&out).into_iter().map(yaml).collect();
-    assert_eq!(names(&docs[1], "initContainers"), ["proxy"]);
+    assert_eq!(names(&docs[1], "initContainers"), ["log-shipper", "proxy"]);
     assert!(docs[2]["spec"].get("initContainers").is_none(), "{out}");
 
     // A namespace enabled for another revision is that revision's.
@@ -1085,4 +1090,112 @@ fn the_commands_agree_on_a_pod_the_api_server_refuses() {
             .is_some_and(|w| w.contains(reason)),
         "{answer}"
     );
+}
+
+/// A Job with the bundled templates gets both sidecars as native sidecars and no warning; a
+/// template of one's own that adds a regular container is named once when the configuration
+/// loads, and again, with the reason, for each pod that runs to completion it is injected into
+/// (a Job's, a CronJob's, a bare pod with `restartPolicy: OnFailure`), never for a Deployment's.
+#[test]
+fn a_regular_sidecar_in_a_pod_that_runs_to_completion_is_named() {
+    let jobs = r#"apiVersion: batch/v1
+kind: Job
+metadata: {name: migrate, namespace: shop}
+spec:
+  template:
+    metadata:
+      labels: {sidecar-injector.io/inject: "true"}
+    spec:
+      restartPolicy: Never
+      containers: [{name: app, image: migrate:1}]
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: nightly, namespace: shop}
+spec:
+  schedule: "0 3 * * *"
+  jobTemplate:
+    spec:
+      template:
+        metadata:
+          labels: {sidecar-injector.io/inject: "true"}
+        spec:
+          containers: [{name: app, image: report:1}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: once, namespace: shop, labels: {sidecar-injector.io/inject: "true"}}
+spec:
+  restartPolicy: OnFailure
+  containers: [{name: app, image: once:1}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+spec:
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata:
+      labels: {app: web, sidecar-injector.io/inject: "true"}
+    spec:
+      containers: [{name: app, image: web:1}]
+"#;
+    let out = run_with_stdin(&["inject", "-f", "-"], jobs.as_bytes());
+    let bundled = stdout(succeeds(&out));
+    for doc in split_documents(&bundled).into_iter().map(yaml) {
+        let template = if doc["kind"] == "Pod" {
+            &doc
+        } else {
+            template_of(&doc)
+        };
+        assert_eq!(names(template, "initContainers"), ["log-shipper", "proxy"]);
+        assert_eq!(names(template, "containers"), ["app"]);
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        "defaultTemplates: [auditor]\ntemplatesDir: .\n",
+    )
+    .expect("config");
+    std::fs::write(
+        dir.path().join("auditor.yaml.j2"),
+        "containers:\n  - name: auditor\n    image: auditor:1\n",
+    )
+    .expect("template");
+    let config = dir.path().join("config.yaml");
+    let config = config.to_str().expect("UTF-8 path");
+    let out = run_with_stdin(&["inject", "--config", config, "-f", "-"], jobs.as_bytes());
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let err = stderr(&out);
+    let lines: Vec<&str> = err.lines().collect();
+    let why = |id: &str, reason: &str| {
+        format!(
+            "warning: {id}: template \"auditor\" adds \"auditor\" as a regular container to a pod that runs to completion ({reason}): the pod does not finish while \"auditor\" runs"
+        )
+    };
+    let expected = [
+        "warning: template \"auditor\" adds \"auditor\" as a regular container: a pod that runs to completion".to_owned(),
+        "warning: template \"auditor\": container \"auditor\" is refused in namespaces that enforce Pod Security \"restricted\" (pod-security.kubernetes.io/enforce): allowPrivilegeEscalation is not false; capabilities.drop does not include ALL; runAsNonRoot is not set".to_owned(),
+        why("Job/migrate", "restartPolicy: Never"),
+        why("CronJob/nightly", "it belongs to CronJob \"nightly\""),
+        why("Pod/once", "restartPolicy: OnFailure"),
+    ];
+    assert_eq!(lines.len(), expected.len(), "stderr: {err}");
+    for (line, expected) in lines.iter().zip(&expected) {
+        assert!(
+            line.starts_with(expected.as_str()),
+            "{expected:?} does not start: {line}"
+        );
+    }
+
+    let report = stdout(&run_with_stdin(
+        &["explain", "--config", config, "-f", "-"],
+        jobs.as_bytes(),
+    ));
+    assert!(
+        report.contains("  ! template \"auditor\" adds \"auditor\" as a regular container to a pod that runs to completion (restartPolicy: Never)"),
+        "{report}"
+    );
+    assert_eq!(report.matches("  ! ").count(), 3, "{report}");
 }

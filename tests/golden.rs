@@ -545,11 +545,11 @@ fn check_list(input: &Value, output: &Value, left_alone: &[String]) -> Vec<Strin
             problems.push(format!("{id} lost its pod template"));
             continue;
         };
-        let containers = template["spec"]["containers"]
+        let init = template["spec"]["initContainers"]
             .as_array()
             .into_iter()
             .flatten();
-        if !containers.into_iter().any(|c| c["name"] == "log-shipper") {
+        if !init.into_iter().any(|c| c["name"] == "log-shipper") {
             problems.push(format!("{id} changed but has no log-shipper"));
         }
         if template["metadata"]["annotations"]["sidecar-injector.io/status"].is_null() {

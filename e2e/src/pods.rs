@@ -1,9 +1,10 @@
 //! Pods the scenarios create, and what an injected or untouched pod looks like once stored.
 //!
-//! The expectations follow the bundled templates (`templates/`): `proxy` is a native sidecar
-//! (an init container with `restartPolicy: Always`) placed before the pod's own init containers
-//! and gives application containers `SIDECAR_PROXY_PORT`; `log-shipper` is a container with the
-//! volume `sidecar-logs`, mounted with `APP_LOG_DIR` into application containers.
+//! The expectations follow the bundled templates (`templates/`): `log-shipper` and `proxy` are
+//! native sidecars (init containers with `restartPolicy: Always`), in that order (the default
+//! templates'), placed before the pod's own init containers; the log shipper brings the volume
+//! `sidecar-logs`, mounted with `APP_LOG_DIR` into application containers, and the proxy gives
+//! them `SIDECAR_PROXY_PORT`.
 
 use anyhow::ensure;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
@@ -30,8 +31,9 @@ pub const LOG_SHIPPER: &str = "log-shipper";
 pub const LOGS_VOLUME: &str = "sidecar-logs";
 pub const LOG_DIR: &str = "/var/log/app";
 pub const PROXY_PORT: &str = "15001";
-/// Names of containers that are sidecars, not application containers.
-pub const SIDECARS: &[&str] = &[PROXY, LOG_SHIPPER];
+/// Names of containers that are sidecars, not application containers, in the order the
+/// default templates place them at the head of the init containers.
+pub const SIDECARS: &[&str] = &[LOG_SHIPPER, PROXY];
 
 /// A pod with one application container and one init container of its own; no labels.
 pub fn app_pod(name: &str) -> Pod {
@@ -188,21 +190,19 @@ pub fn check_injected(pod: &Pod) -> anyhow::Result<()> {
         names(init),
         names(containers(pod))
     );
-    let proxy = init.first().filter(|c| c.name == PROXY).ok_or_else(|| {
-        anyhow::anyhow!(
-            "pod {pod_name}: proxy is not the first init container: {:?}",
-            names(init)
-        )
-    })?;
-    ensure!(
-        proxy.restart_policy.as_deref() == Some("Always"),
-        "pod {pod_name}: proxy is not a native sidecar (restartPolicy {:?})",
-        proxy.restart_policy
-    );
-    ensure!(
-        containers(pod).iter().any(|c| c.name == LOG_SHIPPER),
-        "pod {pod_name}: log-shipper is not in spec.containers"
-    );
+    for (i, sidecar) in SIDECARS.iter().enumerate() {
+        let c = init.get(i).filter(|c| c.name == *sidecar).ok_or_else(|| {
+            anyhow::anyhow!(
+                "pod {pod_name}: {sidecar} is not init container #{i}: {:?}",
+                names(init)
+            )
+        })?;
+        ensure!(
+            c.restart_policy.as_deref() == Some("Always"),
+            "pod {pod_name}: {sidecar} is not a native sidecar (restartPolicy {:?})",
+            c.restart_policy
+        );
+    }
     ensure!(
         volume_count(pod, LOGS_VOLUME) == 1,
         "pod {pod_name}: expected one volume {LOGS_VOLUME}"
@@ -227,10 +227,15 @@ pub fn check_injected(pod: &Pod) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The pod's own init containers come after the injected proxy, in their original order.
-pub fn check_own_init_after_proxy(pod: &Pod, own: &[&str]) -> anyhow::Result<()> {
+/// The pod's own init containers come after the native sidecars (those of [`SIDECARS`] the
+/// pod has as init containers, in that order), in their original order.
+pub fn check_own_init_after_sidecars(pod: &Pod, own: &[&str]) -> anyhow::Result<()> {
     let init = names(init_containers(pod));
-    let mut expected = vec![PROXY];
+    let mut expected: Vec<&str> = SIDECARS
+        .iter()
+        .copied()
+        .filter(|s| init.contains(s))
+        .collect();
     expected.extend_from_slice(own);
     ensure!(
         init == expected,

@@ -28,7 +28,7 @@ use sidecar_injector_e2e::node::{
 };
 use sidecar_injector_e2e::pods::{
     INJECT_LABEL, LOG_DIR, LOG_SHIPPER, PROXY, PROXY_PORT, check_injected,
-    check_own_init_after_proxy, from_json,
+    check_own_init_after_sidecars, from_json,
 };
 use sidecar_injector_e2e::webhooks::with_mutating_changed;
 
@@ -140,7 +140,7 @@ async fn n01_injected_pod_runs_with_its_sidecars() -> anyhow::Result<()> {
     scenario("n01-sidecars-run", &[Need::Node], |cx| async move {
         let pod = running_app(&cx, "web").await?;
         check_injected(&pod)?;
-        check_own_init_after_proxy(&pod, &["app-init"])?;
+        check_own_init_after_sidecars(&pod, &["app-init"])?;
         let name = pod.metadata.name.clone().context("pod without a name")?;
         let status = pod.status.clone().unwrap_or_default();
         let init = |n: &str| {
@@ -704,11 +704,12 @@ async fn n06_policy_mode_pods_run_with_no_injector() -> anyhow::Result<()> {
                     .await?;
                     let spec = pod.spec.clone().unwrap_or_default();
                     let inits: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
-                    ensure!(inits == ["mesh-agent", "app-init"], "init containers {inits:?}");
-                    let agent = &spec.init_containers.as_deref().unwrap_or_default()[0];
-                    ensure!(agent.restart_policy.as_deref() == Some("Always"), "mesh-agent is not a native sidecar");
+                    ensure!(inits == [LOG_SHIPPER, "mesh-agent", "app-init"], "init containers {inits:?}");
+                    for sidecar in &spec.init_containers.as_deref().unwrap_or_default()[..2] {
+                        ensure!(sidecar.restart_policy.as_deref() == Some("Always"), "{} is not a native sidecar", sidecar.name);
+                    }
                     let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-                    ensure!(names == ["app", LOG_SHIPPER], "containers {names:?}");
+                    ensure!(names == ["app"], "containers {names:?}");
                     let status = pod.status.clone().unwrap_or_default();
                     let agent_running = status.init_container_statuses.iter().flatten().any(|c| {
                         c.name == "mesh-agent" && c.state.as_ref().is_some_and(|s| s.running.is_some())
@@ -1840,10 +1841,10 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
                 let run_pods = cx.pods_in(&ns);
                 let spec = pod.spec.clone().unwrap_or_default();
                 let inits: Vec<&str> = spec.init_containers.iter().flatten().map(|c| c.name.as_str()).collect();
-                ensure!(inits == [PROXY], "init containers {inits:?}");
+                ensure!(inits == [LOG_SHIPPER, PROXY], "init containers {inits:?}");
                 let names: Vec<&str> = spec.containers.iter().map(|c| c.name.as_str()).collect();
-                ensure!(names == ["app", LOG_SHIPPER], "containers {names:?}");
-                let proxy = &spec.init_containers.as_deref().unwrap_or_default()[0];
+                ensure!(names == ["app"], "containers {names:?}");
+                let proxy = &spec.init_containers.as_deref().unwrap_or_default()[1];
                 let ports: Vec<(String, i32)> = proxy.ports.iter().flatten()
                     .map(|p| (p.name.clone().unwrap_or_default(), p.container_port)).collect();
                 ensure!(ports == [("proxy-8080".to_owned(), 15001), ("proxy-9090".to_owned(), 15002)],
@@ -2081,4 +2082,167 @@ async fn release_cleanup(
     }
     cx.delete_namespace(release_ns).await.ok();
     body
+}
+
+/// The pod template of a workload that runs to completion: it writes numbered lines into the
+/// shared log directory, the last one just before it exits 0. The pod keeps the default grace
+/// period (30 s), so a sidecar that ignored the kubelet's SIGTERM would show as a slow end.
+fn finite_template(name: &str) -> serde_json::Value {
+    let script = "for i in 1 2 3; do echo \"line $i from the job\" >> \"$APP_LOG_DIR/app.log\"; sleep 0.3; done; \
+                  echo 'the last line from the job' >> \"$APP_LOG_DIR/app.log\"; echo 'job: done'";
+    json!({
+        "metadata": {"labels": {"app": name, INJECT_LABEL: "true"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script]
+            }]
+        }
+    })
+}
+
+/// Waits for Job `name` to complete, then checks its one pod: `Succeeded`, injected, the log
+/// shipper (a native sidecar) stopped by the kubelet after the app had ended and having shipped
+/// the app's last line (tagged with the pod's `app` label, `app_label`). Returns seconds from the app's end to the pod's last container's end.
+async fn completed_job(cx: &Ctx, name: &str, app_label: &str) -> anyhow::Result<i64> {
+    use k8s_openapi::api::batch::v1::Job;
+    let jobs: Api<Job> = Api::namespaced(cx.client.clone(), &cx.ns);
+    eventually(&format!("Job {name} to complete"), RUNNING, || async {
+        let job = jobs.get(name).await?;
+        let status = job.status.unwrap_or_default();
+        let complete = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Complete" && c.status == "True");
+        if complete {
+            return Ok(Some(()));
+        }
+        anyhow::bail!(
+            "active {:?}, succeeded {:?}, failed {:?}, conditions {:?}",
+            status.active,
+            status.succeeded,
+            status.failed,
+            status.conditions
+        )
+    })
+    .await?;
+    let pods = cx.pods();
+    let list = pods
+        .list(&ListParams::default().labels(&format!("job-name={name}")))
+        .await?;
+    ensure!(
+        list.items.len() == 1,
+        "Job {name} has {} pods",
+        list.items.len()
+    );
+    let pod = &list.items[0];
+    check_injected(pod)?;
+    let pod_name = pod.metadata.name.clone().context("pod without a name")?;
+    let status = pod.status.clone().unwrap_or_default();
+    ensure!(
+        status.phase.as_deref() == Some("Succeeded"),
+        "pod {pod_name}: phase {:?}",
+        status.phase
+    );
+    let ended = |statuses: &Option<Vec<k8s_openapi::api::core::v1::ContainerStatus>>, c: &str| {
+        statuses
+            .iter()
+            .flatten()
+            .find(|s| s.name == c)
+            .and_then(|s| s.state.as_ref()?.terminated.clone())
+            .with_context(|| format!("pod {pod_name}: {c} has not terminated: {statuses:?}"))
+    };
+    let app = ended(&status.container_statuses, "app")?;
+    ensure!(app.exit_code == 0, "the app exited {}", app.exit_code);
+    let shipper = ended(&status.init_container_statuses, LOG_SHIPPER)?;
+    ensure!(
+        shipper.exit_code == 0,
+        "the log shipper exited {} (137: killed at the end of the grace period, not stopped by SIGTERM)",
+        shipper.exit_code
+    );
+    let at = |t: &Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>| {
+        t.as_ref().map(|t| t.0.as_second())
+    };
+    let (app_end, shipper_end) = (at(&app.finished_at), at(&shipper.finished_at));
+    ensure!(
+        shipper_end >= app_end,
+        "the log shipper ended ({shipper_end:?}) before the app ({app_end:?})"
+    );
+    let log = logs(&pods, &pod_name, LOG_SHIPPER).await?;
+    let tag = format!("[{}.{app_label}]", cx.ns);
+    line_with(
+        &log,
+        &format!("{tag} the last line from the job"),
+        "log-shipper",
+    )?;
+    line_with(&log, "log-shipper: stopped", "log-shipper")?;
+    let last = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .filter_map(|s| at(&s.state.as_ref()?.terminated.as_ref()?.finished_at))
+        .max();
+    Ok(last.zip(app_end).map_or(0, |(last, app)| last - app))
+}
+
+/// n12. Injection never keeps a workload from finishing: an opted-in Job, with the bundled
+/// templates, runs to `Complete`, its pod `Succeeded`; both sidecars are native, so the kubelet
+/// stops them once the app has ended, and the log shipper ships the app's last line before it
+/// goes. A CronJob's Job does the same: one made from the CronJob's template as `kubectl create
+/// job --from=cronjob/...` makes it (owned by the CronJob, which is suspended so that it never
+/// fires by itself within the scenario).
+#[tokio::test]
+async fn n12_jobs_and_cronjobs_complete_with_their_sidecars() -> anyhow::Result<()> {
+    use k8s_openapi::api::batch::v1::{CronJob, Job};
+    scenario("n12-jobs-complete", &[Need::Node], |cx| async move {
+        let jobs: Api<Job> = Api::namespaced(cx.client.clone(), &cx.ns);
+        let cronjobs: Api<CronJob> = Api::namespaced(cx.client.clone(), &cx.ns);
+        let job: Job = from_json(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "batch"},
+            "spec": {"backoffLimit": 0, "template": finite_template("batch")}
+        }))?;
+        jobs.create(&PostParams::default(), &job).await?;
+        let cron: CronJob = from_json(json!({
+            "apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": "nightly"},
+            "spec": {
+                "schedule": "0 3 * * *", "suspend": true,
+                "jobTemplate": {"spec": {"backoffLimit": 0, "template": finite_template("nightly")}}
+            }
+        }))?;
+        let cron = cronjobs.create(&PostParams::default(), &cron).await?;
+        let template = cron
+            .spec
+            .as_ref()
+            .and_then(|s| s.job_template.spec.clone())
+            .context("the CronJob has no job template")?;
+        let uid = cron.metadata.uid.clone().context("the CronJob has no uid")?;
+        let manual: Job = from_json(json!({
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {
+                "name": "nightly-manual",
+                "annotations": {"cronjob.kubernetes.io/instantiate": "manual"},
+                "ownerReferences": [{
+                    "apiVersion": "batch/v1", "kind": "CronJob", "name": "nightly",
+                    "uid": uid, "controller": true
+                }]
+            },
+            "spec": template
+        }))?;
+        jobs.create(&PostParams::default(), &manual).await?;
+        for (name, app) in [("batch", "batch"), ("nightly-manual", "nightly")] {
+            let tail = completed_job(&cx, name, app).await?;
+            println!("Job {name}: Complete; its last container ended {tail} s after the app");
+            ensure!(
+                tail < 25,
+                "Job {name}: the sidecars ended {tail} s after the app: they waited out the grace period"
+            );
+        }
+        Ok(())
+    })
+    .await
 }

@@ -174,7 +174,7 @@ async fn s01_opted_in_pod_is_stored_with_its_sidecars() -> anyhow::Result<()> {
     scenario("s01-opted-in", &[], |cx| async move {
         let stored = accepts(&cx.pods(), &opted_in("web")).await?;
         check_injected(&stored)?;
-        check_own_init_after_proxy(&stored, &["app-init"])?;
+        check_own_init_after_sidecars(&stored, &["app-init"])?;
         ensure!(
             containers(&stored).first().map(|c| c.name.as_str()) == Some("app"),
             "the pod's own container is no longer first: {:?}",
@@ -319,7 +319,7 @@ async fn s04_deployment_pods_are_injected() -> anyhow::Result<()> {
             "pod is owned by {owner:?}"
         );
         check_injected(&pod)?;
-        check_own_init_after_proxy(&pod, &["app-init"])?;
+        check_own_init_after_sidecars(&pod, &["app-init"])?;
         check_memory_of_answers(&cx).await
     })
     .await
@@ -427,7 +427,7 @@ async fn s05_existing_sidecars_are_not_duplicated() -> anyhow::Result<()> {
         }
         let stored = accepts(&pods, &pod).await?;
         check_injected(&stored)?;
-        check_own_init_after_proxy(&stored, &["app-init"])?;
+        check_own_init_after_sidecars(&stored, &["app-init"])?;
 
         ensure!(
             kept(&stored)? == [PROXY],
@@ -463,7 +463,7 @@ async fn s05_existing_sidecars_are_not_duplicated() -> anyhow::Result<()> {
             kept(&stored)? == [LOG_SHIPPER],
             "the status should record log-shipper as kept"
         );
-        check_own_init_after_proxy(&stored, &["app-init"])?;
+        check_own_init_after_sidecars(&stored, &["app-init"])?;
         check_app_container_injected(&stored, "app")?;
         ensure!(volume_count(&stored, LOGS_VOLUME) == 1, "no logs volume");
         Ok(())
@@ -711,7 +711,7 @@ async fn s09_sidecar_changes_are_refused_on_update() -> anyhow::Result<()> {
         let message = loop {
             let mut changed = pods.get("web").await?;
             if let Some(spec) = changed.spec.as_mut() {
-                for c in spec.containers.iter_mut().filter(|c| c.name == LOG_SHIPPER) {
+                for c in spec.init_containers.iter_mut().flatten().filter(|c| c.name == LOG_SHIPPER) {
                     c.image = Some("cr.fluentbit.io/fluent/fluent-bit:9.9.9".into());
                 }
             }
@@ -2231,5 +2231,70 @@ async fn s24_check_passes_and_names_each_fault() -> anyhow::Result<()> {
             Ok(())
         },
     )
+    .await
+}
+
+/// `pod` made to comply with Pod Security's `restricted` profile by its own settings: non-root
+/// and the runtime's seccomp profile for the pod, no privilege escalation and no capabilities
+/// for each of its containers.
+fn restricted(mut pod: Pod) -> anyhow::Result<Pod> {
+    let spec = pod.spec.as_mut().context("pod without a spec")?;
+    spec.security_context = Some(from_json(json!({
+        "runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}
+    }))?);
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+    {
+        c.security_context = Some(from_json(json!({
+            "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}
+        }))?);
+    }
+    Ok(pod)
+}
+
+/// s25. Pod Security: a namespace that enforces `restricted` admits an opted-in pod whose own
+/// containers comply, with both sidecars. PodSecurity is a validating admission plugin: it
+/// judges the pod after the mutating webhooks, sidecars included. The same namespace refuses
+/// an opted-in pod whose own containers do not comply, naming only those containers, so the
+/// check is live and our sidecars are not among what it refuses.
+#[tokio::test]
+async fn s25_a_restricted_namespace_admits_injected_pods() -> anyhow::Result<()> {
+    scenario("s25-restricted", &[], |cx| async move {
+        let namespaces: Api<Namespace> = Api::all(cx.client.clone());
+        let labels = json!({"metadata": {"labels": {
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/enforce-version": "latest"
+        }}});
+        namespaces
+            .patch(&cx.ns, &PatchParams::default(), &Patch::Merge(labels))
+            .await?;
+        let pods = cx.pods();
+        // PodSecurity reads namespaces from its informer: the label is seen a moment later.
+        let message = eventually("PodSecurity to enforce restricted", WAIT, || async {
+            Ok(match dry_run(&pods, &opted_in("plain")).await {
+                Ok(_) => None,
+                Err(e) => Some(sidecar_injector_e2e::cluster::refusal(&e)),
+            })
+        })
+        .await?;
+        ensure!(
+            message.contains("violates PodSecurity \"restricted:latest\"")
+                && message.contains("\"app\""),
+            "expected PodSecurity's refusal of the pod's own containers, got: {message}"
+        );
+        for sidecar in SIDECARS {
+            ensure!(
+                !message.contains(&format!("\"{sidecar}\"")),
+                "PodSecurity names our sidecar {sidecar}: {message}"
+            );
+        }
+        let stored = accepts(&pods, &restricted(opted_in("compliant"))?).await?;
+        check_injected(&stored)?;
+        check_own_init_after_sidecars(&stored, &["app-init"])?;
+        println!("restricted: refused the plain pod for its own containers only; admitted the compliant one with its sidecars");
+        Ok(())
+    })
     .await
 }

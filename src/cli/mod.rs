@@ -19,7 +19,7 @@ use crate::engine::inject::Entry;
 use crate::engine::review::Webhook;
 use crate::engine::{explain, manifest, policy, review};
 use crate::load::{ConfigArg, SelectionArgs};
-use stdio::{read_input, read_text, write_notes, write_stdout};
+use stdio::{read_input, read_text, write_notes, write_stdout, write_warnings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -133,11 +133,13 @@ fn configmap_injector(file: &std::path::Path) -> anyhow::Result<crate::engine::c
                 format!("{origin}: the ConfigMap's data is not a map of strings")
             })?;
         let name = value["metadata"]["name"].as_str().unwrap_or("");
-        return Ok(crate::load::from_configmap_data(
+        let inj = crate::load::from_configmap_data(
             &format!("ConfigMap {name} in {origin}"),
             &data,
             crate::load::own_namespace(),
-        )?);
+        )?;
+        crate::load::warn_advisories(&inj);
+        return Ok(inj);
     }
     anyhow::bail!("{origin} holds no ConfigMap")
 }
@@ -267,6 +269,7 @@ impl Cli {
                 write_stdout(injected.yaml.as_bytes())?;
                 // After the output, so that it is whole before anyone reads why.
                 write_notes(&injected.left_alone);
+                write_warnings(&injected.warnings);
                 Ok(())
             }
             Command::Review {

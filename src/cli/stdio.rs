@@ -38,3 +38,11 @@ pub(crate) fn write_notes(lines: &[String]) {
         let _ = writeln!(err, "note: {line}");
     }
 }
+
+/// Warnings on standard error, one per line, after the output.
+pub(crate) fn write_warnings(lines: &[String]) {
+    let mut err = std::io::stderr().lock();
+    for line in lines {
+        let _ = writeln!(err, "warning: {line}");
+    }
+}

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine::fit;
 use crate::engine::template::{TemplateError, TemplateSet};
 
 /// The default configuration, compiled into the binary.
@@ -155,6 +156,10 @@ pub struct Injector {
     /// status annotation records it, and the backstop holds a pod to its own export's
     /// contract only when the pod was injected under the same digest (or not at all).
     pub digest: String,
+    /// What its author is told once, when the configuration is loaded, about templates that
+    /// would change a pod's fate ([`crate::engine::fit::advisories`]): the shells print or log
+    /// them; nothing is refused for them.
+    pub advisories: Vec<String>,
 }
 
 impl Injector {
@@ -200,11 +205,19 @@ impl Injector {
         }
         let own_namespace = own_namespace.filter(|ns| !ns.is_empty());
         let digest = config_digest(&config, &templates);
+        let mut advisories = Vec::new();
+        for name in templates.names() {
+            // Every template rendered for the bare sample when it was compiled.
+            if let Ok(fragment) = templates.sample(name) {
+                advisories.extend(fit::advisories(name, &fragment));
+            }
+        }
         Ok(Self {
             config,
             templates,
             own_namespace,
             digest,
+            advisories,
         })
     }
 

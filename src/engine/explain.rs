@@ -51,6 +51,9 @@ fn describe(inj: &Injector, object: &Object, out: &mut String) {
         return;
     };
     let _ = writeln!(out, "{verdict}");
+    for warning in &object.warnings {
+        let _ = writeln!(out, "  ! {warning}");
+    }
     if let DocOutcome::Injected { changes, .. } = &object.outcome {
         for change in changes {
             let _ = writeln!(out, "  + {change}");

@@ -884,6 +884,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     }
     let hash = fragment_hash(inj, &templates);
     let kept = kept_containers(facts, previous.as_ref(), &templates, &hash, &mut notes);
+    completion_notes(facts, &templates, &kept, &mut notes);
     let status = status_json(inj, &templates, hash, kept, &cfg.revision, &seen);
     Ok(Decision::Inject(Plan {
         entry,
@@ -991,6 +992,53 @@ fn kept_containers(
         }
     }
     kept
+}
+
+/// Why a pod runs to completion (its phase ends `Succeeded` or `Failed`), if it does: its
+/// `restartPolicy`, else its controller. A Job's pods always say `Never` or `OnFailure`; the
+/// owner covers a pod template read offline with that field left out.
+fn runs_to_completion(facts: &PodFacts<'_>) -> Option<String> {
+    let policy = facts
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_ref())
+        .map(|p| p.as_str());
+    if let Some(policy @ ("Never" | "OnFailure")) = policy {
+        return Some(format!("restartPolicy: {policy}"));
+    }
+    let owner = facts.owner();
+    matches!(owner.kind.as_str(), "Job" | "CronJob")
+        .then(|| format!("it belongs to {} {:?}", owner.kind, owner.name))
+}
+
+/// A regular container added to a pod that runs to completion keeps it running after the
+/// application ends: the pod never completes, nor does its Job. Such a sidecar is injected as
+/// its template says (the template is the author's), with a note naming it, never silently.
+fn completion_notes(
+    facts: &PodFacts<'_>,
+    templates: &[Rendered],
+    kept: &[String],
+    notes: &mut Vec<String>,
+) {
+    let mut regular = templates.iter().flat_map(|t| {
+        t.fragment
+            .containers
+            .iter()
+            .filter(|c| !kept.contains(&c.name))
+            .map(move |c| (&t.name, &c.name))
+    });
+    let Some(first) = regular.next() else {
+        return;
+    };
+    let Some(why) = runs_to_completion(facts) else {
+        return;
+    };
+    for (template, container) in std::iter::once(first).chain(regular) {
+        notes.push(crate::engine::fit::regular_sidecar_in_finite_pod(
+            template, container, &why,
+        ));
+    }
 }
 
 /// The status annotation's value, serialized once per distinct status: the pods of one shape
@@ -2134,6 +2182,82 @@ mod tests {
         }
     }
 
+    /// A regular sidecar is named, with the reason, for a pod that runs to completion (by its
+    /// restart policy or its Job owner) and for no other pod; a native one never is.
+    #[test]
+    fn a_regular_sidecar_is_noted_only_in_a_pod_that_runs_to_completion() {
+        let inj = Injector::from_sources(
+            "auditor.yaml",
+            "defaultTemplates: [auditor, native]\n",
+            vec![
+                (
+                    "auditor".into(),
+                    "containers: [{name: auditor, image: 'auditor:1'}]\n".into(),
+                ),
+                (
+                    "native".into(),
+                    "initContainers: [{name: agent, image: 'agent:1', restartPolicy: Always}]\n"
+                        .into(),
+                ),
+            ],
+            None,
+        )
+        .expect("config loads");
+        let notes = |p: &Pod| match decide_for(&inj, p, Some("shop")).expect("decides") {
+            Decision::Inject(plan) => plan.notes,
+            other => panic!("not injected: {other:?}"),
+        };
+        let with = |policy: Option<&str>, owner: Option<(&str, &str)>| {
+            let mut p = opted_in();
+            p.spec.as_mut().expect("spec").restart_policy = policy.map(str::to_owned);
+            if let Some((kind, name)) = owner {
+                p.metadata.owner_references = Some(vec![
+                    serde_json::from_value(json!({
+                        "apiVersion": "batch/v1", "kind": kind, "name": name, "uid": "u",
+                        "controller": true
+                    }))
+                    .expect("owner"),
+                ]);
+            }
+            p
+        };
+        for (p, why) in [
+            (with(Some("Never"), None), "(restartPolicy: Never)"),
+            (with(Some("OnFailure"), None), "(restartPolicy: OnFailure)"),
+            (
+                with(None, Some(("Job", "migrate"))),
+                "(it belongs to Job \"migrate\")",
+            ),
+        ] {
+            let notes = notes(&p);
+            assert_eq!(notes.len(), 1, "{notes:?}");
+            assert!(
+                notes[0]
+                    .starts_with("template \"auditor\" adds \"auditor\" as a regular container")
+                    && notes[0].contains(why),
+                "{notes:?}"
+            );
+        }
+        for p in [
+            with(None, None),
+            with(Some("Always"), Some(("ReplicaSet", "web-1"))),
+        ] {
+            assert_eq!(notes(&p), Vec::<String>::new());
+        }
+        assert_eq!(
+            inj.advisories
+                .iter()
+                .filter(|a| a.contains("regular container"))
+                .count(),
+            1
+        );
+        assert!(
+            injector().advisories.is_empty(),
+            "{:?}",
+            injector().advisories
+        );
+    }
+
     #[test]
     fn object_namespace_wins_over_request_namespace() {
         let mut p = opted_in();
@@ -2248,8 +2372,8 @@ mod tests {
                 .expect("proxy")
         };
         assert_ne!(
-            a.templates[shipper(&a)].fragment.containers[0].args,
-            c.templates[shipper(&c)].fragment.containers[0].args
+            a.templates[shipper(&a)].fragment.init_containers[0].args,
+            c.templates[shipper(&c)].fragment.init_containers[0].args
         );
         assert!(Arc::ptr_eq(
             &a.templates[proxy(&a)].fragment,

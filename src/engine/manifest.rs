@@ -105,6 +105,9 @@ pub struct Object {
     pub labelled: bool,
     /// The object names no namespace and none was given: it was rendered for `default`.
     pub namespace_guessed: bool,
+    /// What the webhook would answer as admission warnings for it (a kept container, a
+    /// regular sidecar in a pod that runs to completion...).
+    pub warnings: Vec<String>,
 }
 
 impl Object {
@@ -327,6 +330,8 @@ pub fn process_for(
 pub struct Injected {
     pub yaml: String,
     pub left_alone: Vec<String>,
+    /// The admission warnings of the injected objects, each after its `Kind/name`.
+    pub warnings: Vec<String>,
 }
 
 /// `inject -f`: the injected YAML stream, or the first object that cannot be injected.
@@ -384,9 +389,15 @@ pub fn inject_for(
         .filter(|o| o.left_alone())
         .filter_map(|o| o.verdict(inj))
         .collect();
+    let warnings = docs
+        .iter()
+        .flat_map(|d| &d.objects)
+        .flat_map(|o| o.warnings.iter().map(|w| format!("{}: {w}", o.id)))
+        .collect();
     Ok(Injected {
         yaml: render(&docs)?,
         left_alone,
+        warnings,
     })
 }
 
@@ -416,6 +427,7 @@ fn process_one(
             outcome,
             labelled: false,
             namespace_guessed: false,
+            warnings: Vec::new(),
         };
         Ok((object, None))
     };
@@ -453,6 +465,7 @@ fn process_one(
         });
     }
     let mut patch = None;
+    let mut warnings = Vec::new();
     let outcome = match decide(inj, &facts) {
         Err(error) => DocOutcome::Failed(error),
         Ok(Decision::NotOptedIn) => {
@@ -462,6 +475,7 @@ fn process_one(
         Ok(Decision::Inject(plan)) => {
             let templates = plan.templates.iter().map(|t| t.name.clone()).collect();
             let edits = plan_edits(inj, &view, &plan);
+            warnings.clone_from(&plan.notes);
             if edits.is_empty() {
                 DocOutcome::AlreadyInjected { templates }
             } else {
@@ -505,6 +519,7 @@ fn process_one(
         outcome,
         labelled,
         namespace_guessed,
+        warnings,
     };
     Ok((object, output))
 }

@@ -9,6 +9,7 @@
 pub mod check;
 pub mod config;
 pub mod explain;
+pub mod fit;
 pub mod inject;
 pub mod json;
 pub mod manifest;

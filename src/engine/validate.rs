@@ -398,7 +398,8 @@ mod tests {
             .as_mut()
             .and_then(|s| s.init_containers.as_mut())
             .expect("init");
-        init[0].image = Some("evil:latest".into());
+        let proxy = init.iter_mut().find(|c| c.name == "proxy").expect("proxy");
+        proxy.image = Some("evil:latest".into());
         let f = findings(&inj, &pod, &plan);
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(
@@ -411,7 +412,9 @@ mod tests {
     fn missing_sidecar_volume_and_status_are_each_reported() {
         let (inj, mut pod, plan) = injected();
         let spec = pod.spec.as_mut().expect("spec");
-        spec.containers.retain(|c| c.name != "log-shipper");
+        if let Some(init) = spec.init_containers.as_mut() {
+            init.retain(|c| c.name != "log-shipper");
+        }
         spec.volumes = None;
         pod.metadata.annotations = None;
         let f = findings(&inj, &pod, &plan);

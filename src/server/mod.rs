@@ -280,6 +280,9 @@ impl Server {
                 crate::engine::config::Injector::embedded(crate::load::own_namespace())?,
             ),
         };
+        for advice in &injector.advisories {
+            tracing::warn!(%advice, "configuration loaded with a warning");
+        }
         let state = Arc::new(State::new(
             injector,
             max_body_bytes,

@@ -190,6 +190,9 @@ impl Reloader {
         };
         match sources.build(crate::load::own_namespace()) {
             Ok(injector) => {
+                for advice in &injector.advisories {
+                    tracing::warn!(%advice, "configuration reloaded with a warning");
+                }
                 self.state.injector.store(Arc::new(injector));
                 self.state.memo.clear();
                 self.state.config_changed.notify_one();
