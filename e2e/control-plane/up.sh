@@ -38,7 +38,7 @@ if [[ -n "$NODE_IP" ]]; then
 else
   ADMISSION_PLUGINS="${CONTROL_PLANE_ADMISSION_PLUGINS-AlwaysPullImages}"
 fi
-KCM_CONTROLLERS="${KCM_CONTROLLERS:-serviceaccount-controller,deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,root-ca-certificate-publisher-controller,job-controller,statefulset-controller,cronjob-controller}"
+KCM_CONTROLLERS="${KCM_CONTROLLERS:-serviceaccount-controller,deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,root-ca-certificate-publisher-controller,job-controller,statefulset-controller,cronjob-controller,resourcequota-controller}"
 
 for tool in openssl curl ss setsid base64 realpath; do
   command -v "$tool" >/dev/null || { cp_log "ERROR: $tool is required"; exit 1; }

@@ -40,7 +40,7 @@
 #   env PROMETHEUS_BIN     a directory with prometheus and promtool (tools/prometheus.sh):
 #                          with the pod route, n07 runs against it
 #   env KEEP_CLUSTER=1     leave the cluster running (delete it with kind delete cluster --name ...)
-#   env E2E_TEST_FILTER    run only scenarios whose name contains this
+#   env E2E_TEST_FILTER    run only scenarios whose name contains one of these words
 #   env CARGO              cargo to use (default cargo)
 set -euo pipefail
 
@@ -211,6 +211,23 @@ until injected_on_dry_run; do
   sleep 1
 done
 log "webhooks effective after ~$((SECONDS - t0))s"
+
+# The chart's own test, as a user runs it: `sidecar-injector check` in a pod, with the test's
+# RBAC; every check must pass on this install. (The test pod's log is read here: helm's --logs
+# asks for the logs of every test hook, the RBAC objects too.)
+log "helm test $RELEASE (sidecar-injector check in a pod)"
+mkdir -p "$WORKDIR/logs"
+helm_test_rc=0
+helm test "$RELEASE" --namespace "$RELEASE_NAMESPACE" --timeout 120s \
+  >"$WORKDIR/logs/helm-test.log" 2> >(grep -v 'symbolic link in path' >&2) || helm_test_rc=$?
+kubectl -n "$RELEASE_NAMESPACE" logs "$RELEASE-test-check" >>"$WORKDIR/logs/helm-test.log" 2>&1 || true
+# The test pod carries the release's labels: gone, it cannot be taken for a server.
+kubectl -n "$RELEASE_NAMESPACE" delete pod "$RELEASE-test-check" --wait=true >/dev/null 2>&1 || true
+if ((helm_test_rc != 0)); then
+  tail -n 40 "$WORKDIR/logs/helm-test.log" >&2
+  die "helm test failed (see $WORKDIR/logs/helm-test.log)"
+fi
+grep -E "passed, [0-9]+ failed" "$WORKDIR/logs/helm-test.log" | sed 's/^/helm test: /' >&2 || true
 
 # ---------------------------------------------------------------- outside the cluster
 mkdir -p "$WORKDIR/logs"

@@ -656,8 +656,8 @@ async fn s08_validator_refuses_what_the_mutator_missed() -> anyhow::Result<()> {
                     "expected our validator's refusal, got: {message}"
                 );
                 ensure!(
-                    message.contains("is missing from spec.initContainers")
-                        && message.contains("is missing from spec.containers"),
+                    message.contains("sidecar \"log-shipper\" (template \"log-shipper\") is missing from spec.initContainers")
+                        && message.contains("sidecar \"proxy\" (template \"proxy\") is missing from spec.initContainers"),
                     "the refusal should say what is missing: {message}"
                 );
                 let after = eventually("the rejection to be counted", WAIT, || async {
@@ -2121,7 +2121,7 @@ async fn s24_check_passes_and_names_each_fault() -> anyhow::Result<()> {
                     "healthy: only the url mode's Service or a backstop the release keeps none of may be skipped, not {check} {subject}: {message}"
                 );
             }
-            for wanted in ["config", "webhooks", "certificate", "expiry", "dryRun", "otherWebhooks"] {
+            for wanted in ["kubernetes", "config", "webhooks", "certificate", "expiry", "dryRun", "otherWebhooks"] {
                 ensure!(
                     healthy.in_state("pass").iter().any(|(c, _, _)| c == wanted),
                     "healthy: no passing {wanted} check: {}",
@@ -2294,6 +2294,115 @@ async fn s25_a_restricted_namespace_admits_injected_pods() -> anyhow::Result<()>
         check_injected(&stored)?;
         check_own_init_after_sidecars(&stored, &["app-init"])?;
         println!("restricted: refused the plain pod for its own containers only; admitted the compliant one with its sidecars");
+        Ok(())
+    })
+    .await
+}
+
+/// s26. LimitRange and ResourceQuota: a namespace capping containers at 200m / 128Mi (with
+/// defaults for the pod's own containers) refuses the default opted-in pod, the proxy's limits
+/// being above its cap; the per-pod overrides of the sidecars' limits bring the pod inside it.
+/// A ResourceQuota counting limits then refuses the pod until the log shipper's limit is
+/// brought down too, and admits it at exactly its limit.
+#[tokio::test]
+async fn s26_limit_ranges_and_quotas_admit_pods_their_overrides_fit() -> anyhow::Result<()> {
+    use k8s_openapi::api::core::v1::{LimitRange, ResourceQuota};
+    scenario("s26-limits", &[], |cx| async move {
+        let ranges: Api<LimitRange> = Api::namespaced(cx.client.clone(), &cx.ns);
+        let quotas: Api<ResourceQuota> = Api::namespaced(cx.client.clone(), &cx.ns);
+        ranges
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "metadata": {"name": "caps"},
+                    "spec": {"limits": [{
+                        "type": "Container",
+                        "max": {"cpu": "200m", "memory": "128Mi"},
+                        "default": {"cpu": "100m", "memory": "64Mi"},
+                        "defaultRequest": {"cpu": "10m", "memory": "16Mi"}
+                    }]}
+                }))?,
+            )
+            .await?;
+        let pods = cx.pods();
+        let capped = |pod: Pod| {
+            annotated(
+                annotated(pod, "sidecar-injector.io/proxy-cpu-limit", "200m"),
+                "sidecar-injector.io/proxy-memory-limit",
+                "128Mi",
+            )
+        };
+        // LimitRanger reads its objects from an informer: the cap is seen a moment later.
+        let refusal = eventually("the LimitRange to cap the proxy", WAIT, || async {
+            Ok(match dry_run(&pods, &opted_in("default")).await {
+                Ok(_) => None,
+                Err(e) => Some(sidecar_injector_e2e::cluster::refusal(&e)),
+            })
+        })
+        .await?;
+        println!("s26: the default pod under the LimitRange: {refusal}");
+        ensure!(
+            refusal.contains("maximum cpu usage per Container is 200m, but limit is 500m")
+                && refusal
+                    .contains("maximum memory usage per Container is 128Mi, but limit is 256Mi"),
+            "expected the LimitRange's refusal of the proxy's default limits, got: {refusal}"
+        );
+        let stored = accepts(&pods, &capped(opted_in("capped"))).await?;
+        check_injected(&stored)?;
+        let proxy = init_containers(&stored)
+            .iter()
+            .find(|c| c.name == PROXY)
+            .context("no proxy")?;
+        let limits = proxy
+            .resources
+            .as_ref()
+            .and_then(|r| r.limits.clone())
+            .unwrap_or_default();
+        ensure!(
+            limits.get("cpu").map(|q| q.0.as_str()) == Some("200m")
+                && limits.get("memory").map(|q| q.0.as_str()) == Some("128Mi"),
+            "the proxy's limits are {limits:?}"
+        );
+
+        // The pod's limits: app and app-init 100m each (the LimitRange's default), the proxy
+        // 200m, the log shipper 100m: 400m, above a quota of 350m. The quota counts what is
+        // stored, so the first pod goes first.
+        pods.delete("capped", &DeleteParams::default().grace_period(0))
+            .await?;
+        eventually("pod capped to be gone", WAIT, || async {
+            Ok(pods.get_opt("capped").await?.is_none().then_some(()))
+        })
+        .await?;
+        quotas
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "metadata": {"name": "budget"},
+                    "spec": {"hard": {"limits.cpu": "350m", "limits.memory": "2Gi"}}
+                }))?,
+            )
+            .await?;
+        eventually("the quota's status", WAIT, || async {
+            let status = quotas.get("budget").await?.status.unwrap_or_default();
+            let used = status.used.unwrap_or_default();
+            let counted = status.hard.is_some_and(|h| h.contains_key("limits.cpu"))
+                && used.get("limits.cpu").is_some_and(|q| q.0 == "0");
+            Ok(counted.then_some(()))
+        })
+        .await?;
+        let refusal = rejects(&pods, &capped(opted_in("over-budget"))).await?;
+        println!("s26: the capped pod under the quota: {refusal}");
+        ensure!(
+            refusal.contains("exceeded quota: budget") && refusal.contains("limits.cpu"),
+            "expected the quota's refusal, got: {refusal}"
+        );
+        let fits = annotated(
+            capped(opted_in("in-budget")),
+            "sidecar-injector.io/log-shipper-cpu-limit",
+            "50m",
+        );
+        let stored = accepts(&pods, &fits).await?;
+        check_injected(&stored)?;
         Ok(())
     })
     .await

@@ -207,9 +207,6 @@ templates still goes to the server, which decides per template.)
 {{- fail "certificates.mode=existingSecret needs certificates.existingSecret.caBundle: the CA the apiserver verifies the server's certificate with." -}}
 {{- end -}}
 {{- end -}}
-{{- if and .Values.webhook.matchConditions.enabled (semverCompare "<1.28.0-0" .Capabilities.KubeVersion.Version) -}}
-{{- fail (printf "webhook.matchConditions.enabled needs Kubernetes 1.28 or newer (this is %s): set webhook.matchConditions.enabled=false." .Capabilities.KubeVersion.Version) -}}
-{{- end -}}
 {{- if and .Values.outdated.rbac.restart (not .Values.outdated.rbac.report) -}}
 {{- fail "outdated.rbac.restart needs outdated.rbac.report: `outdated --restart` first reads what the report reads." -}}
 {{- end -}}

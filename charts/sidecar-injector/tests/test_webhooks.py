@@ -281,12 +281,15 @@ def test_windows_pods_go_to_the_server_when_a_default_template_supports_them(hel
     assert "not-windows-with-default-templates" in conditions(r)
 
 
-def test_match_conditions_need_kubernetes_1_28(helm):
-    message = render_error(helm=helm, kube_version="1.27.0")
-    assert "webhook.matchConditions.enabled" in message
-    r = render("webhook.matchConditions.enabled=false", helm=helm, kube_version="1.27.0")
+def test_the_floor_is_kubernetes_1_30(helm):
+    # Native sidecars, matchConditions and the backstop's ValidatingAdmissionPolicy all work
+    # from 1.30; below it the chart is refused whatever the values.
+    for older in ("1.29.6", "1.28.0"):
+        message = render_error(helm=helm, kube_version=older)
+        assert ">=1.30.0-0" in message, message
+    assert conditions(render(helm=helm, kube_version="1.30.0"))
+    r = render("webhook.matchConditions.enabled=false", helm=helm, kube_version="1.30.0")
     assert "matchConditions" not in r.mutating
-    assert conditions(render(helm=helm, kube_version="1.28.0"))
 
 
 def pod(spec=None, annotations=None):

@@ -98,6 +98,10 @@ impl CheckArgs {
             .map(|d| d.as_secs())
             .unwrap_or_default();
 
+        let kubernetes = match client.apiserver_version().await {
+            Ok(info) => Got::Found(info.git_version),
+            Err(e) => Got::Failed(e.to_string()),
+        };
         let config = match cluster::get_namespaced::<ConfigMap>(&client, &namespace, &release).await
         {
             Got::Found(cm) => {
@@ -174,6 +178,7 @@ impl CheckArgs {
             pod_namespace,
             now,
             warn_days: expiry_warning_days,
+            kubernetes,
             config,
             mutating,
             validating,

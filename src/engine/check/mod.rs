@@ -8,6 +8,7 @@
 //! - [`policy_mode`]: an installation with no webhook, where the API server injects through the
 //!   MutatingAdmissionPolicy: whether it is in step, and its keeper.
 //! - [`probe`]: the opted-in pod a dry run creates, and what its answer says.
+//! - [`version`]: whether the cluster's Kubernetes is one the injector supports.
 //!
 //! Pure: fetched objects (or why they could not be fetched) and the time in, one [`Finding`]
 //! per line out. The API calls, the TLS handshake and the clock are in `crate::cli::check`.
@@ -16,6 +17,7 @@ pub mod backstop;
 pub mod policy_mode;
 pub mod probe;
 pub mod tls;
+pub mod version;
 pub mod webhooks;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,8 +57,8 @@ impl State {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Finding {
-    /// Which check (`webhooks`, `endpoints`, `certificate`, `expiry`, `backstop`, `dryRun`,
-    /// `otherWebhooks`, `config`).
+    /// Which check (`kubernetes`, `config`, `webhooks`, `endpoints`, `certificate`, `expiry`,
+    /// `backstop`, `dryRun`, `otherWebhooks`, ...).
     pub check: &'static str,
     pub state: State,
     /// What was looked at: `MutatingWebhookConfiguration sidecar-injector`.
@@ -241,6 +243,8 @@ pub struct Observed {
     pub now: u64,
     /// A certificate with fewer days left is a warning.
     pub warn_days: u32,
+    /// The API server's `gitVersion` (`/version`).
+    pub kubernetes: Got<String>,
     /// The configuration in the release's ConfigMap.
     pub config: Got<Injector>,
     pub mutating: Got<MutatingWebhookConfiguration>,
@@ -278,6 +282,7 @@ pub fn judge(o: &Observed) -> Report {
     let inst = &o.installation;
     let mut out = Vec::new();
     let config_subject = format!("ConfigMap {}", inst.release);
+    out.push(version::judge(&o.kubernetes));
     match &o.config {
         Got::Found(inj) => out.push(Finding::pass(
             "config",
