@@ -166,6 +166,10 @@ serving_cert() { # name SANs
 }
 serving_cert in-cluster "DNS:$SERVICE_DNS,DNS:$RELEASE.$RELEASE_NAMESPACE.svc.cluster.local"
 "${KUBECTL[@]}" create namespace "$RELEASE_NAMESPACE" >/dev/null
+# The injector's own pods (the Deployment's, helm test's) comply with Pod Security's restricted
+# profile: its namespace enforces it, so the install below fails if one does not.
+"${KUBECTL[@]}" label namespace "$RELEASE_NAMESPACE" pod-security.kubernetes.io/enforce=restricted \
+  pod-security.kubernetes.io/enforce-version=latest >/dev/null
 "${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" create secret tls "$RELEASE-tls" \
   --cert "$PKI/in-cluster.crt" --key "$PKI/in-cluster.key" >/dev/null
 log "helm install $RELEASE (service mode, image docker.io/local/sidecar-injector:e2e)"
