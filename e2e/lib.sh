@@ -285,3 +285,22 @@ e2e_stop_scenarios() {
   done
   kill -KILL -- "-$pid" "$pid" 2>/dev/null || true
 }
+
+# The chart's own test: `sidecar-injector check` from the release's image, in a pod, with the
+# test's RBAC (templates/tests/check.yaml); every check must pass. The test pod's log is read
+# here (helm's --logs asks for the logs of every test hook, the RBAC objects too, and fails on
+# them), then the pod is deleted: it carries the release's labels and must not be taken for a
+# server. Prints "helm test: N passed, ..." on stderr; fails with the log's tail.
+e2e_helm_test() { # release namespace log [kubeconfig]
+  local release=$1 ns=$2 log=$3 kc=() rc=0
+  if [[ -n "${4:-}" ]]; then kc=(--kubeconfig "$4"); fi
+  helm test "$release" "${kc[@]}" --namespace "$ns" --timeout 120s \
+    >"$log" 2> >(grep -v 'symbolic link in path' >&2) || rc=$?
+  kubectl "${kc[@]}" -n "$ns" logs "$release-test-check" >>"$log" 2>&1 || true
+  kubectl "${kc[@]}" -n "$ns" delete pod "$release-test-check" --wait=true >/dev/null 2>&1 || true
+  if ((rc != 0)); then
+    tail -n 40 "$log" >&2
+    return 1
+  fi
+  grep -E "passed, [0-9]+ failed" "$log" | sed 's/^/helm test: /' >&2 || true
+}

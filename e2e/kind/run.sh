@@ -212,22 +212,11 @@ until injected_on_dry_run; do
 done
 log "webhooks effective after ~$((SECONDS - t0))s"
 
-# The chart's own test, as a user runs it: `sidecar-injector check` in a pod, with the test's
-# RBAC; every check must pass on this install. (The test pod's log is read here: helm's --logs
-# asks for the logs of every test hook, the RBAC objects too.)
+# The chart's own test, as a user runs it (e2e_helm_test, e2e/lib.sh).
 log "helm test $RELEASE (sidecar-injector check in a pod)"
 mkdir -p "$WORKDIR/logs"
-helm_test_rc=0
-helm test "$RELEASE" --namespace "$RELEASE_NAMESPACE" --timeout 120s \
-  >"$WORKDIR/logs/helm-test.log" 2> >(grep -v 'symbolic link in path' >&2) || helm_test_rc=$?
-kubectl -n "$RELEASE_NAMESPACE" logs "$RELEASE-test-check" >>"$WORKDIR/logs/helm-test.log" 2>&1 || true
-# The test pod carries the release's labels: gone, it cannot be taken for a server.
-kubectl -n "$RELEASE_NAMESPACE" delete pod "$RELEASE-test-check" --wait=true >/dev/null 2>&1 || true
-if ((helm_test_rc != 0)); then
-  tail -n 40 "$WORKDIR/logs/helm-test.log" >&2
+e2e_helm_test "$RELEASE" "$RELEASE_NAMESPACE" "$WORKDIR/logs/helm-test.log" ||
   die "helm test failed (see $WORKDIR/logs/helm-test.log)"
-fi
-grep -E "passed, [0-9]+ failed" "$WORKDIR/logs/helm-test.log" | sed 's/^/helm test: /' >&2 || true
 
 # ---------------------------------------------------------------- outside the cluster
 mkdir -p "$WORKDIR/logs"

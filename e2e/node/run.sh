@@ -182,22 +182,9 @@ helm install "$RELEASE" "$REPO/charts/sidecar-injector" \
   die "helm install failed (see $WORKDIR/logs/helm-install.log)"
 "${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" rollout status "deployment/$RELEASE" --timeout=120s >&2
 e2e_wait_for_injection 60 "${ADMIN_CURL[@]}" "$APISERVER_URL" || die "the webhooks do not inject"
-# The chart's own test: `sidecar-injector check` from the release's image, in a pod, with the
-# test's RBAC (templates/tests/check.yaml); every check must pass on this install.
 log "helm test $RELEASE (sidecar-injector check in a pod)"
-# (No --logs: helm asks for the logs of every test hook, the dry-run namespace's Role and
-# RoleBinding too, and fails on them; the test pod's log is read here instead.)
-helm_test_rc=0
-helm test "$RELEASE" --kubeconfig "$KUBECONFIG" --namespace "$RELEASE_NAMESPACE" --timeout 120s \
-  >"$WORKDIR/logs/helm-test.log" 2> >(grep -v 'symbolic link in path' >&2) || helm_test_rc=$?
-"${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" logs "$RELEASE-test-check" >>"$WORKDIR/logs/helm-test.log" 2>&1 || true
-# The test pod carries the release's labels: gone, it cannot be taken for a server.
-"${KUBECTL[@]}" -n "$RELEASE_NAMESPACE" delete pod "$RELEASE-test-check" --wait=true >/dev/null 2>&1 || true
-if ((helm_test_rc != 0)); then
-  tail -n 40 "$WORKDIR/logs/helm-test.log" >&2
+e2e_helm_test "$RELEASE" "$RELEASE_NAMESPACE" "$WORKDIR/logs/helm-test.log" "$KUBECONFIG" ||
   die "helm test failed (see $WORKDIR/logs/helm-test.log)"
-fi
-grep -E "passed, [0-9]+ failed" "$WORKDIR/logs/helm-test.log" | sed 's/^/helm test: /' >&2 || true
 
 # ---------------------------------------------------------------- a loopback injector (url mode)
 PORT=$(cp_free_port) || die "no free loopback port"

@@ -33,16 +33,17 @@ pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
 /// One `note:` line on standard error for each of `lines`. A note that cannot be written is
 /// lost, not an error: the command's output is already out.
 pub(crate) fn write_notes(lines: &[String]) {
-    let mut err = std::io::stderr().lock();
-    for line in lines {
-        let _ = writeln!(err, "note: {line}");
-    }
+    write_prefixed("note", lines);
 }
 
-/// Warnings on standard error, one per line, after the output.
+/// One `warning:` line on standard error for each of `lines`, as [`write_notes`].
 pub(crate) fn write_warnings(lines: &[String]) {
+    write_prefixed("warning", lines);
+}
+
+fn write_prefixed(prefix: &str, lines: &[String]) {
     let mut err = std::io::stderr().lock();
     for line in lines {
-        let _ = writeln!(err, "warning: {line}");
+        let _ = writeln!(err, "{prefix}: {line}");
     }
 }

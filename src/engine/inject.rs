@@ -1021,20 +1021,25 @@ fn completion_notes(
     kept: &[String],
     notes: &mut Vec<String>,
 ) {
-    let mut regular = templates.iter().flat_map(|t| {
-        t.fragment
-            .containers
-            .iter()
-            .filter(|c| !kept.contains(&c.name))
-            .map(move |c| (&t.name, &c.name))
-    });
-    let Some(first) = regular.next() else {
+    // Collected first, so that the pod's owner is read only when there is something to say
+    // (collecting nothing allocates nothing).
+    let regular: Vec<(&str, &str)> = templates
+        .iter()
+        .flat_map(|t| {
+            t.fragment
+                .containers
+                .iter()
+                .filter(|c| !kept.contains(&c.name))
+                .map(move |c| (t.name.as_str(), c.name.as_str()))
+        })
+        .collect();
+    if regular.is_empty() {
         return;
-    };
+    }
     let Some(why) = runs_to_completion(facts) else {
         return;
     };
-    for (template, container) in std::iter::once(first).chain(regular) {
+    for (template, container) in regular {
         notes.push(crate::engine::fit::regular_sidecar_in_finite_pod(
             template, container, &why,
         ));
