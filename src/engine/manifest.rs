@@ -12,10 +12,10 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use serde_json::Value;
 
 use crate::engine::config::Injector;
+use crate::engine::context::Owner;
 use crate::engine::inject::{
     Decision, Edit, Entry, InjectError, PodFacts, SkipReason, decide, opt_in, plan_edits, to_patch,
 };
-use crate::engine::template::Owner;
 use crate::engine::view::PodView;
 
 /// Where each kind keeps its pod template (JSON pointer tokens; empty: the object is a pod).

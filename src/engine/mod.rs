@@ -8,6 +8,7 @@
 
 pub mod check;
 pub mod config;
+pub mod context;
 pub mod explain;
 pub mod fit;
 pub mod inject;

@@ -11,6 +11,9 @@ use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
 
 use crate::engine::overrides::{self, BadValue, Declared};
+// `Owned` is named here until the exporter reads it from its home.
+pub use crate::engine::context::Owned;
+use crate::engine::context::{PodContext, Reads, Sample};
 
 /// The file name suffix of a template in a templates directory.
 pub const TEMPLATE_SUFFIX: &str = ".yaml.j2";
@@ -147,166 +150,6 @@ impl Fragment {
     }
 }
 
-/// The pod as templates see it: a projection of the pod that reads the same in the mutating
-/// and the validating webhook (see [`crate::engine::inject`] for how it is built).
-#[derive(Clone, Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PodContext<'a> {
-    /// Empty for pods named by `generateName` (the API server names them after admission).
-    pub name: &'a str,
-    pub generate_name: &'a str,
-    pub namespace: &'a str,
-    /// Without the keys the templates set themselves.
-    pub labels: BTreeMap<&'a str, &'a str>,
-    /// Without the status annotation and the keys the templates set themselves.
-    pub annotations: BTreeMap<&'a str, &'a str>,
-    pub service_account: &'a str,
-    /// The pod's spec as the application declared it (see [`crate::engine::inject`]).
-    pub spec: serde_json::Value,
-    /// The controlling workload.
-    pub owner: Owner,
-}
-
-/// The workload that controls a pod: a Deployment rather than its ReplicaSet. Empty strings for
-/// a pod nothing controls.
-#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
-pub struct Owner {
-    pub kind: String,
-    pub name: String,
-}
-
-/// What the templates of a set put on a pod under names that do not depend on the pod: the
-/// names of their sidecars and volumes and the keys of their labels and annotations. The
-/// template context leaves these out, so a pod reads the same before and after injection.
-#[derive(Clone, Debug, Default)]
-pub struct Owned {
-    pub sidecars: BTreeSet<String>,
-    pub volumes: BTreeSet<String>,
-    pub labels: BTreeSet<String>,
-    pub annotations: BTreeSet<String>,
-}
-
-/// What of the pod context a template reads, told from its source (minijinja's list of the
-/// variables it uses, with their attribute paths). The render cache keys a rendering by these
-/// parts alone, so that pods differing elsewhere (a new ReplicaSet's `pod-template-hash`, a
-/// `generateName`) share it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Reads {
-    /// The whole context, or a use the analysis cannot follow (`pod` as a value, a variable
-    /// it does not know, an `include`, `import` or `extends` of another template).
-    pub all: bool,
-    pub name: bool,
-    pub generate_name: bool,
-    pub namespace: bool,
-    pub service_account: bool,
-    pub owner: bool,
-    pub labels: Keys,
-    pub annotations: Keys,
-    /// Fields of `pod.spec`.
-    pub spec: Keys,
-    /// Bit `f as u16`: whether the template reads field `f` of `pod.spec` (see
-    /// [`Reads::spec_field`]), told once from `spec` and `all`, not from the set each review.
-    spec_fields: u16,
-}
-
-/// The fields of `pod.spec` a rendering's cache key takes one by one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SpecField {
-    Containers,
-    InitContainers,
-    Volumes,
-    NodeSelector,
-    SecurityContext,
-    HostNetwork,
-    Os,
-    PriorityClassName,
-    RuntimeClassName,
-    RestartPolicy,
-    Hostname,
-    Subdomain,
-    ShareProcessNamespace,
-}
-
-impl SpecField {
-    const ALL: [Self; 13] = [
-        Self::Containers,
-        Self::InitContainers,
-        Self::Volumes,
-        Self::NodeSelector,
-        Self::SecurityContext,
-        Self::HostNetwork,
-        Self::Os,
-        Self::PriorityClassName,
-        Self::RuntimeClassName,
-        Self::RestartPolicy,
-        Self::Hostname,
-        Self::Subdomain,
-        Self::ShareProcessNamespace,
-    ];
-
-    /// Its name in the pod's JSON (and in a template: `pod.spec.<name>`).
-    const fn name(self) -> &'static str {
-        match self {
-            Self::Containers => "containers",
-            Self::InitContainers => "initContainers",
-            Self::Volumes => "volumes",
-            Self::NodeSelector => "nodeSelector",
-            Self::SecurityContext => "securityContext",
-            Self::HostNetwork => "hostNetwork",
-            Self::Os => "os",
-            Self::PriorityClassName => "priorityClassName",
-            Self::RuntimeClassName => "runtimeClassName",
-            Self::RestartPolicy => "restartPolicy",
-            Self::Hostname => "hostname",
-            Self::Subdomain => "subdomain",
-            Self::ShareProcessNamespace => "shareProcessNamespace",
-        }
-    }
-}
-
-impl Reads {
-    /// Whether the template reads `field` of `pod.spec`: a field it names, every field when it
-    /// reads all of `pod.spec`, and every field when it names none but reads the whole context.
-    pub fn spec_field(&self, field: SpecField) -> bool {
-        self.spec_fields & (1 << field as u16) != 0
-    }
-
-    /// [`Self::spec_field`]'s answers, told from `spec` and `all`.
-    fn with_spec_fields(mut self) -> Self {
-        self.spec_fields = SpecField::ALL
-            .iter()
-            .filter(|f| match &self.spec {
-                Keys::All => true,
-                Keys::Some(set) => set.contains(f.name()),
-                Keys::None => self.all,
-            })
-            .fold(0, |bits, &f| bits | 1 << f as u16);
-        self
-    }
-}
-
-/// Which entries of a map a template reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum Keys {
-    #[default]
-    None,
-    Some(BTreeSet<String>),
-    All,
-}
-
-impl Keys {
-    fn add(&mut self, key: Option<&str>) {
-        match (key, &mut *self) {
-            (_, Keys::All) => {}
-            (None, _) => *self = Keys::All,
-            (Some(k), Keys::Some(keys)) => {
-                keys.insert(k.to_owned());
-            }
-            (Some(k), Keys::None) => *self = Keys::Some([k.to_owned()].into()),
-        }
-    }
-}
-
 /// Names a template may use besides the pod that read nothing of it: the configuration's
 /// values, the template's overrides, and minijinja's own functions (but not `debug`, which
 /// prints the whole context).
@@ -336,34 +179,16 @@ fn uses_other_templates(source: &str) -> bool {
 
 /// What `template` (with this source) reads of the pod context.
 fn reads_of(template: &minijinja::Template<'_, '_>, source: &str) -> Reads {
-    let mut reads = Reads {
-        all: uses_other_templates(source),
-        ..Reads::default()
-    };
+    let mut reads = Reads::new(uses_other_templates(source));
     for path in template.undeclared_variables(true) {
         let mut parts = path.split('.');
         match parts.next() {
-            Some("pod") => {}
-            Some(root) if HARMLESS.contains(&root) => continue,
-            _ => {
-                reads.all = true;
-                continue;
-            }
-        }
-        // A deeper path on a string (`pod.namespace.upper`) is a method on it: the string.
-        match (parts.next(), parts.next()) {
-            (Some("name"), _) => reads.name = true,
-            (Some("generateName"), _) => reads.generate_name = true,
-            (Some("namespace"), _) => reads.namespace = true,
-            (Some("serviceAccount"), _) => reads.service_account = true,
-            (Some("owner"), _) => reads.owner = true,
-            (Some("labels"), key) => reads.labels.add(key),
-            (Some("annotations"), key) => reads.annotations.add(key),
-            (Some("spec"), field) => reads.spec.add(field),
+            Some("pod") => reads.read(parts),
+            Some(root) if HARMLESS.contains(&root) => {}
             _ => reads.all = true,
         }
     }
-    reads.with_spec_fields()
+    reads
 }
 
 /// A template that failed to compile, render or parse.
@@ -537,20 +362,6 @@ impl std::fmt::Debug for TemplateSet {
     }
 }
 
-/// The plainest pod a template must render for.
-fn bare_sample() -> PodContext<'static> {
-    PodContext {
-        name: "example",
-        generate_name: "",
-        namespace: "default",
-        labels: BTreeMap::new(),
-        annotations: BTreeMap::new(),
-        service_account: "default",
-        spec: serde_json::json!({"containers": [{"name": "app", "image": "example:1"}]}),
-        owner: Owner::default(),
-    }
-}
-
 fn file_name(name: &str) -> String {
     format!("{name}{TEMPLATE_SUFFIX}")
 }
@@ -653,26 +464,8 @@ impl TemplateSet {
     /// owner. Both must render; container names must be unique; and what [`Owned`] records
     /// must not differ between the two, since the context leaves it out by name.
     fn check_samples(&self) -> Result<Owned, TemplateError> {
-        let bare = bare_sample();
-        let busy = PodContext {
-            name: "",
-            generate_name: "web-7d4b9c-",
-            namespace: "shop",
-            labels: [("app", "web"), ("pod-template-hash", "7d4b9c")].into(),
-            annotations: [("example.com/note", "x")].into(),
-            service_account: "web",
-            spec: serde_json::json!({"containers": [
-                {"name": "app", "image": "example:1", "ports": [
-                    {"name": "http", "containerPort": 8080, "protocol": "TCP"},
-                    {"containerPort": 9090, "protocol": "TCP"},
-                    {"name": "dns", "containerPort": 53, "protocol": "UDP"}]},
-                {"name": "worker", "image": "example:1", "ports": [{"containerPort": 8443}]}
-            ]}),
-            owner: Owner {
-                kind: "Deployment".into(),
-                name: "web".into(),
-            },
-        };
+        let bare = PodContext::sample(Sample::Bare);
+        let busy = PodContext::sample(Sample::Busy);
         let mut owned = Owned::default();
         let mut owner: BTreeMap<String, String> = BTreeMap::new();
         for (name, entry) in &self.templates {
@@ -746,23 +539,12 @@ impl TemplateSet {
             .templates
             .get(name)
             .map_or(none.borrowed(), |t| t.defaults.borrowed());
-        self.render(name, &bare_sample(), &defaults)
+        self.render(name, &PodContext::sample(Sample::Bare), &defaults)
     }
 
     /// What template `name` reads of the pod context; everything for an unknown name.
     pub fn reads(&self, name: &str) -> &Reads {
-        static ALL: Reads = Reads {
-            all: true,
-            name: false,
-            generate_name: false,
-            namespace: false,
-            service_account: false,
-            owner: false,
-            labels: Keys::None,
-            annotations: Keys::None,
-            spec: Keys::None,
-            spec_fields: u16::MAX,
-        };
+        static ALL: Reads = Reads::ALL;
         self.templates.get(name).map_or(&ALL, |t| &t.reads)
     }
 
@@ -966,6 +748,7 @@ impl TemplateSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::context::{Field, Keys, Owner};
     use serde_json::json;
 
     fn compile(src: &str) -> Result<TemplateSet, TemplateError> {
@@ -1133,27 +916,30 @@ mod tests {
             "containers: []\n# {{ pod.labels.app | default('x') }} {{ pod.namespace | upper }} {{ values | length }}\n",
         );
         assert!(!r.all);
-        assert!(r.namespace && !r.name && !r.owner);
+        assert!(r.field(Field::Namespace) && !r.field(Field::Name) && !r.field(Field::Owner));
         assert_eq!(r.labels, Keys::Some(["app".to_owned()].into()));
         assert_eq!(r.annotations, Keys::None);
         let r = reads(
             "containers: []\n# {% for c in pod.spec.containers %}{{ c.ports | default([]) }}{% endfor %}{{ pod.labels | length }}\n",
         );
-        assert_eq!(r.spec, Keys::Some(["containers".to_owned()].into()));
         assert_eq!(r.labels, Keys::All);
         // The fields of `pod.spec` the cache key takes, told once: the one it names.
-        let spec = |r: &Reads| SpecField::ALL.map(|f| r.spec_field(f));
-        let mut containers = [false; 13];
-        containers[SpecField::Containers as usize] = true;
-        assert_eq!(spec(&r), containers);
+        let spec = |r: &Reads| {
+            Field::ALL
+                .into_iter()
+                .filter(|f| f.in_spec() && r.field(*f))
+                .collect::<Vec<_>>()
+        };
+        let every = Field::ALL
+            .into_iter()
+            .filter(|f| f.in_spec())
+            .collect::<Vec<_>>();
+        assert_eq!(spec(&r), [Field::Containers]);
         assert_eq!(
             spec(&reads("containers: []\n# {{ pod.spec | tojson }}\n")),
-            [true; 13]
+            every
         );
-        assert_eq!(
-            spec(&reads("containers: []\n# {{ pod.namespace }}\n")),
-            [false; 13]
-        );
+        assert_eq!(spec(&reads("containers: []\n# {{ pod.namespace }}\n")), []);
         for everything in [
             "containers: []\n# {{ pod | tojson }}\n",
             "containers: []\n# {% set p = pod %}{{ p.name }}\n",
@@ -1163,7 +949,7 @@ mod tests {
             "containers: []\n{%- include 'other.yaml.j2' ignore missing %}\n",
         ] {
             assert!(reads(everything).all, "{everything}");
-            assert_eq!(spec(&reads(everything)), [true; 13], "{everything}");
+            assert_eq!(spec(&reads(everything)), every, "{everything}");
         }
         assert!(uses_other_templates("a {%- include 'x' %}"));
         assert!(uses_other_templates("{% from 'x' import m %}"));

@@ -1,0 +1,193 @@
+//! The rules: whether a pod is opted in or skipped, and what it may ask for, in words.
+
+use crate::engine::config::{Injector, NAMESPACE_ENABLED};
+use crate::engine::inject::facts::{Entry, PodFacts};
+use crate::engine::overrides::BadValue;
+use crate::engine::template::TemplateError;
+use crate::engine::view::PodView;
+
+/// Why an opted-in pod was not injected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SkipReason {
+    ExcludedNamespace(String),
+    HostNetwork,
+    Windows,
+    /// The API server will refuse the pod whatever is added (no spec, no containers...): it is
+    /// let through unchanged, so that the person sees the API server's own error.
+    Malformed(&'static str),
+}
+
+impl std::fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ExcludedNamespace(ns) => {
+                write!(f, "namespace {ns:?} is excluded from injection (excludedNamespaces)")
+            }
+            Self::HostNetwork => f.write_str("hostNetwork pods are skipped (skip.hostNetwork)"),
+            Self::Windows => f.write_str(
+                "Windows pods are skipped: no selected template sets supportsWindows (skip.windows)",
+            ),
+            Self::Malformed(what) => write!(
+                f,
+                "{what}, so the API server refuses it whatever is added; it is left as it is, for the API server to say what to fix, and injected once it can be created"
+            ),
+        }
+    }
+}
+
+/// A request the injector cannot honour; the user sees the message.
+#[derive(Debug, thiserror::Error)]
+pub enum InjectError {
+    #[error(
+        "annotation {annotation} asks for template {name:?}, which does not exist (known templates: {known})"
+    )]
+    UnknownTemplate {
+        annotation: String,
+        name: String,
+        known: String,
+    },
+    #[error("template {template:?}: {source}")]
+    BadOverride {
+        template: String,
+        #[source]
+        source: Box<BadValue>,
+    },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// A field the injector reads has a value k8s-openapi would not accept.
+    #[error("the pod cannot be read: {0}")]
+    Unread(#[from] serde_json::Error),
+}
+
+/// A revision in words: "the default revision" or `revision "canary"`.
+pub fn revision_name(revision: &str) -> String {
+    match revision {
+        "" => "the default revision".into(),
+        r => format!("revision {r:?}"),
+    }
+}
+
+/// Which rule opts the pod in, or why none does (in words, for `explain`).
+pub fn opt_in(inj: &Injector, facts: &PodFacts<'_>) -> Result<Entry, String> {
+    let cfg = &inj.config;
+    let label = facts.pod.label(&cfg.inject_label);
+    let entry = match facts.namespace_labels {
+        None => facts.entry,
+        Some(ns) if ns.get(&cfg.inject_label).map(String::as_str) == Some(NAMESPACE_ENABLED) => {
+            let revision = ns.get(&cfg.revision_label).map_or("", String::as_str);
+            if revision != cfg.revision {
+                return Err(format!(
+                    "its namespace {:?} opts in ({}={NAMESPACE_ENABLED}) for {}, and this injector is {}",
+                    facts.namespace,
+                    cfg.inject_label,
+                    revision_name(revision),
+                    revision_name(&cfg.revision)
+                ));
+            }
+            Entry::Namespace
+        }
+        Some(_) => Entry::Pod,
+    };
+    match entry {
+        Entry::Pod => {
+            if label != Some("true") {
+                let namespace = match facts.namespace_labels {
+                    Some(_) => format!(
+                        " and its namespace does not carry {}={NAMESPACE_ENABLED}",
+                        cfg.inject_label
+                    ),
+                    None => String::new(),
+                };
+                return Err(format!(
+                    "it does not carry the label {}=\"true\"{namespace}",
+                    cfg.inject_label
+                ));
+            }
+            let revision = facts.pod.label(&cfg.revision_label).unwrap_or("");
+            if revision != cfg.revision {
+                return Err(format!(
+                    "it asks for {} ({}), and this injector is {}",
+                    revision_name(revision),
+                    cfg.revision_label,
+                    revision_name(&cfg.revision)
+                ));
+            }
+        }
+        Entry::Namespace => {
+            if label == Some("false") {
+                return Err(format!(
+                    "its namespace opts it in, but the pod opts out with {}=\"false\"",
+                    cfg.inject_label
+                ));
+            }
+        }
+    }
+    Ok(entry)
+}
+
+/// What makes a pod one the API server refuses whatever a patch adds, and that a patch could
+/// not even be written for: no metadata, no spec, no containers, a container with no name.
+/// (A field of the wrong type is refused where it is read: see [`InjectError::Unread`].)
+pub(crate) fn malformed(pod: &PodView<'_>) -> Option<&'static str> {
+    if pod.metadata.is_none() {
+        return Some("the pod has no metadata");
+    }
+    let Some(spec) = &pod.spec else {
+        return Some("the pod has no spec");
+    };
+    if spec.containers().is_empty() {
+        return Some("the pod has no spec.containers");
+    }
+    if spec
+        .containers()
+        .iter()
+        .chain(spec.init_containers())
+        .any(|c| c.name.is_empty())
+    {
+        return Some("a container of the pod has no name");
+    }
+    None
+}
+
+/// The template names a pod asks for: its annotation, else the configured default.
+pub(crate) fn selected_templates<'s>(
+    inj: &'s Injector,
+    facts: &PodFacts<'s>,
+) -> Result<Vec<&'s str>, InjectError> {
+    let cfg = &inj.config;
+    let Some(list) = facts.pod.annotation(&cfg.templates_annotation) else {
+        return Ok(cfg.default_templates.iter().map(String::as_str).collect());
+    };
+    let mut names: Vec<&str> = Vec::new();
+    for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !inj.templates.contains(name) {
+            return Err(InjectError::UnknownTemplate {
+                annotation: cfg.templates_annotation.clone(),
+                name: name.to_owned(),
+                known: inj.templates.names().collect::<Vec<_>>().join(", "),
+            });
+        }
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// Why a pod runs to completion (its phase ends `Succeeded` or `Failed`), if it does: its
+/// `restartPolicy`, else its controller. A Job's pods always say `Never` or `OnFailure`; the
+/// owner covers a pod template read offline with that field left out.
+pub(crate) fn runs_to_completion(facts: &PodFacts<'_>) -> Option<String> {
+    let policy = facts
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_ref())
+        .map(|p| p.as_str());
+    if let Some(policy @ ("Never" | "OnFailure")) = policy {
+        return Some(format!("restartPolicy: {policy}"));
+    }
+    let owner = facts.owner();
+    matches!(owner.kind.as_str(), "Job" | "CronJob")
+        .then(|| format!("it belongs to {} {:?}", owner.kind, owner.name))
+}

@@ -1,0 +1,559 @@
+use std::sync::Arc;
+
+use serde_json::json;
+
+use k8s_openapi::api::core::v1::Pod;
+
+use super::decide::*;
+use super::facts::*;
+use super::patch::*;
+use super::plan::*;
+use super::rules::*;
+use super::status::*;
+use std::collections::BTreeMap;
+
+use crate::engine::config::Injector;
+use crate::engine::context::Seen;
+use crate::engine::template::Piece;
+use crate::engine::view::PodView;
+
+fn injector() -> Injector {
+    Injector::embedded(Some("sidecar-injector".into())).expect("embedded config loads")
+}
+
+fn decide_for(inj: &Injector, p: &Pod, namespace: Option<&str>) -> Result<Decision, InjectError> {
+    let json = crate::engine::view::pod_json(p);
+    let view = PodView::parse(&json).expect("view");
+    decide(inj, &PodFacts::new(&view, namespace))
+}
+
+fn pod(json: serde_json::Value) -> Pod {
+    serde_json::from_value(json).expect("valid pod")
+}
+
+fn opted_in() -> Pod {
+    pod(serde_json::json!({
+        "metadata": {"name": "web", "labels": {"sidecar-injector.io/inject": "true"}},
+        "spec": {"containers": [{"name": "app", "image": "nginx:1.27"}]}
+    }))
+}
+
+/// The base64 of a patch whose long pieces are copied from their kept base64 is the
+/// base64 of its bytes: pieces at every offset against the groups of three, of every length
+/// around a multiple of three, each kept for the first offset asked and encoded anew for
+/// the others.
+#[test]
+fn kept_piece_base64_joins_as_one_encoding() {
+    use base64::Engine as _;
+    let pieces: Vec<Piece> = (0..6)
+        .map(|i| {
+            Piece::new(format!(
+                "{{\"n\":\"{}\"}}",
+                "x".repeat(Piece::BASE64_KEPT + i)
+            ))
+        })
+        .collect();
+    for lead in 0..6 {
+        for between in 0..4 {
+            let mut w = PatchWriter {
+                out: Vec::new(),
+                pieces: Vec::new(),
+            };
+            w.text(&b"["[..]);
+            w.text("a".repeat(lead).as_bytes());
+            for piece in &pieces {
+                w.piece(piece);
+                w.text("b".repeat(between).as_bytes());
+            }
+            w.piece(&pieces[0]);
+            let patch = w.finish();
+            assert_eq!(patch.pieces.len(), pieces.len() + 1);
+            let mut ours = Vec::new();
+            patch.base64_into(&mut ours);
+            let json = patch.json();
+            assert_eq!(json.len(), patch.len());
+            let reference = base64::engine::general_purpose::STANDARD.encode(&json);
+            assert_eq!(
+                String::from_utf8_lossy(&ours),
+                reference,
+                "{lead} {between}"
+            );
+        }
+    }
+}
+
+proptest::proptest! {
+    /// Any bytes, given in stretches of any lengths (a group's bytes split across
+    /// stretches, stretches short and long), encode as one standard encoding of them all.
+    #[test]
+    fn base64_writer_encodes_any_stretches(
+        bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..400),
+        cuts in proptest::collection::vec(0usize..400, 0..8),
+    ) {
+        use base64::Engine as _;
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+        cuts.push(bytes.len());
+        cuts.sort_unstable();
+        let mut out = Vec::new();
+        let mut w = Base64Writer { out: &mut out, carry: [0; 3], carried: 0 };
+        let mut done = 0;
+        for cut in cuts {
+            w.plain(&bytes[done..cut]);
+            done = cut;
+        }
+        w.finish();
+        proptest::prop_assert_eq!(
+            String::from_utf8_lossy(&out),
+            base64::engine::general_purpose::STANDARD.encode(&bytes)
+        );
+    }
+}
+
+#[test]
+fn index_tokens_are_decimal() {
+    for i in (0..=1000).chain([usize::MAX]) {
+        let mut buf = [0; 20];
+        assert_eq!(index_token(i, &mut buf), i.to_string());
+    }
+}
+
+/// A path token is escaped as RFC 6901 and then JSON say, whatever it holds: every ASCII
+/// byte, `~` and `/` together, non-ASCII text.
+#[test]
+fn path_tokens_are_escaped_as_pointers_then_json() {
+    let mut tokens: Vec<String> = (0u8..0x80).map(|b| format!("a{}z", b as char)).collect();
+    tokens.extend(
+        [
+            "",
+            "plain",
+            "example.com/name",
+            "a~b/c~/~1",
+            "\"quoted\"/~",
+            "back\\slash~",
+            "é ü 🦀",
+            "\u{7f}\u{80}",
+        ]
+        .map(String::from),
+    );
+    tokens.push((0u8..0x20).map(char::from).collect());
+    for token in tokens {
+        let mut w = PatchWriter {
+            out: Vec::new(),
+            pieces: Vec::new(),
+        };
+        w.op(&[], Some(&token), |w| w.text(b"1"));
+        let ours = String::from_utf8(w.out).expect("UTF-8");
+        let pointer = format!("/{}", token.replace('~', "~0").replace('/', "~1"));
+        let expected = format!(
+            r#"[{{"op":"add","path":{},"value":1}}"#,
+            serde_json::to_string(&pointer).expect("serializes")
+        );
+        assert_eq!(ours, expected, "{token:?}");
+    }
+}
+
+/// Statuses are remembered by a key of their parts: statuses that differ only in how
+/// their names split or which list holds them still get their own bytes.
+#[test]
+fn remembered_statuses_are_told_apart() {
+    let inj = injector();
+    let names = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    let seen = |c: &[&str], i: &[&str], v: &[&str]| Seen {
+        containers: names(c),
+        init_containers: names(i),
+        volumes: names(v),
+    };
+    let cases = [
+        (names(&[]), seen(&["a", "b"], &[], &[])),
+        (names(&[]), seen(&["ab"], &[], &[])),
+        (names(&[]), seen(&["a"], &["b"], &[])),
+        (names(&[]), seen(&["a"], &[], &["b"])),
+        (names(&["a"]), seen(&["b"], &[], &[])),
+        (names(&["a", "b"]), seen(&[], &[], &[])),
+    ];
+    for _ in 0..2 {
+        for (kept, seen) in &cases {
+            let expected = serde_json::to_string(&Status {
+                templates: vec![],
+                hash: "h".into(),
+                config: inj.digest.clone(),
+                kept: kept.clone(),
+                revision: String::new(),
+                context: Some(seen.clone()),
+            })
+            .expect("serializes");
+            let got = status_json(&inj, &[], "h".into(), kept.clone(), "", seen);
+            assert_eq!(got.text, expected);
+            assert_eq!(
+                got.json,
+                serde_json::to_string(&expected).expect("serializes")
+            );
+        }
+    }
+}
+
+#[test]
+fn names_are_a_set_short_or_long() {
+    let many: Vec<String> = (0..40).map(|i| format!("n{i}")).collect();
+    let mut names = Names::with_capacity(3);
+    for name in &many[..3] {
+        names.insert(name);
+    }
+    assert!(matches!(&names, Names::Few(list) if list.len() == 3));
+    for (i, name) in many.iter().enumerate() {
+        assert_eq!(names.insert(name), i >= 3, "{name}");
+    }
+    assert!(matches!(names, Names::Many(_)));
+    assert!(many.iter().all(|n| names.contains(n)) && !names.contains("n40"));
+    // Room asked for more than the inline list holds: hashed from the start.
+    let mut long = Names::with_capacity(many.len() + 1);
+    assert!(matches!(long, Names::Many(_)));
+    for name in many.iter().map(String::as_str).chain(["n0"]) {
+        long.insert(name);
+    }
+    assert!(matches!(long, Names::Many(_)) && long.contains("n39"));
+    // The empty name is a name like any other.
+    let mut empty = Names::new();
+    assert!(!empty.contains(""));
+    assert!(empty.insert("") && empty.contains("") && !empty.insert(""));
+}
+
+#[test]
+fn label_must_be_exactly_true() {
+    let inj = injector();
+    for value in ["false", "True", "yes", ""] {
+        let mut p = opted_in();
+        p.metadata.labels =
+            Some([("sidecar-injector.io/inject".to_owned(), value.to_owned())].into());
+        let d = decide_for(&inj, &p, Some("default")).expect("decides");
+        assert_eq!(d, Decision::NotOptedIn, "value {value:?}");
+    }
+}
+
+fn canary() -> Injector {
+    let config =
+        crate::engine::config::DEFAULT_CONFIG.replace("revision: \"\"", "revision: canary");
+    Injector::from_sources(
+        "canary.yaml",
+        &config,
+        crate::engine::config::bundled_templates(),
+        None,
+    )
+    .expect("canary config loads")
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Which rule opts a pod in, for every combination of pod label, revision label and entry
+/// (the path the API server called), as the chart's selectors route them.
+#[test]
+fn the_entry_and_the_revision_decide_the_opt_in() {
+    let (default, canary) = (injector(), canary());
+    let pod_with = |pairs: &[(&str, &str)]| {
+        let mut p = opted_in();
+        p.metadata.labels = Some(labels(pairs));
+        p
+    };
+    let inject = "sidecar-injector.io/inject";
+    let rev = "sidecar-injector.io/rev";
+    // Pod labels, the entry that sent the pod, and which entry opts it in for the default
+    // and the canary revision.
+    type Case<'a> = (
+        &'a [(&'a str, &'a str)],
+        Entry,
+        Option<Entry>,
+        Option<Entry>,
+    );
+    let cases: [Case<'_>; 8] = [
+        (&[(inject, "true")], Entry::Pod, Some(Entry::Pod), None),
+        (
+            &[(inject, "true"), (rev, "canary")],
+            Entry::Pod,
+            None,
+            Some(Entry::Pod),
+        ),
+        (&[], Entry::Pod, None, None),
+        (&[(inject, "false")], Entry::Pod, None, None),
+        (
+            &[],
+            Entry::Namespace,
+            Some(Entry::Namespace),
+            Some(Entry::Namespace),
+        ),
+        (
+            &[(inject, "yes")],
+            Entry::Namespace,
+            Some(Entry::Namespace),
+            Some(Entry::Namespace),
+        ),
+        (&[(inject, "false")], Entry::Namespace, None, None),
+        (
+            &[(inject, "true"), (rev, "other")],
+            Entry::Namespace,
+            Some(Entry::Namespace),
+            Some(Entry::Namespace),
+        ),
+    ];
+    for (pairs, entry, for_default, for_canary) in cases {
+        let p = pod_with(pairs);
+        let json = crate::engine::view::pod_json(&p);
+        let view = PodView::parse(&json).expect("view");
+        let facts = PodFacts::new(&view, Some("shop")).with_entry(entry);
+        assert_eq!(
+            opt_in(&default, &facts).ok(),
+            for_default,
+            "{pairs:?} {entry:?}"
+        );
+        assert_eq!(
+            opt_in(&canary, &facts).ok(),
+            for_canary,
+            "{pairs:?} {entry:?}"
+        );
+    }
+}
+
+/// With the namespace's labels known (offline), they pick the entry as the chart would.
+#[test]
+fn known_namespace_labels_pick_the_entry() {
+    let (default, canary) = (injector(), canary());
+    let p = pod(
+        serde_json::json!({"metadata": {"name": "web"}, "spec": {"containers": [{"name": "app"}]}}),
+    );
+    let enabled = labels(&[("sidecar-injector.io/inject", "enabled")]);
+    let enabled_canary = labels(&[
+        ("sidecar-injector.io/inject", "enabled"),
+        ("sidecar-injector.io/rev", "canary"),
+    ]);
+    let plain = labels(&[("team", "a")]);
+    let decide_with = |inj: &Injector, ns: &BTreeMap<String, String>| {
+        let json = crate::engine::view::pod_json(&p);
+        let view = PodView::parse(&json).expect("view");
+        let mut facts = PodFacts::new(&view, Some("shop"));
+        facts.namespace_labels = Some(ns);
+        opt_in(inj, &facts)
+    };
+    assert_eq!(decide_with(&default, &enabled), Ok(Entry::Namespace));
+    assert_eq!(decide_with(&canary, &enabled_canary), Ok(Entry::Namespace));
+    let why = decide_with(&default, &enabled_canary).expect_err("another revision's");
+    assert!(why.contains("revision \"canary\""), "{why}");
+    assert!(decide_with(&canary, &enabled).is_err());
+    let why = decide_with(&default, &plain).expect_err("not opted in");
+    assert!(why.contains("its namespace does not carry"), "{why}");
+}
+
+#[test]
+fn excluded_namespaces_and_own_namespace_are_skipped() {
+    let inj = injector();
+    let p = opted_in();
+    for ns in [
+        "kube-system",
+        "kube-public",
+        "kube-node-lease",
+        "sidecar-injector",
+    ] {
+        let d = decide_for(&inj, &p, Some(ns)).expect("decides");
+        assert_eq!(d, Decision::Skip(SkipReason::ExcludedNamespace(ns.into())));
+    }
+}
+
+/// A regular sidecar is named, with the reason, for a pod that runs to completion (by its
+/// restart policy or its Job owner) and for no other pod; a native one never is.
+#[test]
+fn a_regular_sidecar_is_noted_only_in_a_pod_that_runs_to_completion() {
+    let inj = Injector::from_sources(
+        "auditor.yaml",
+        "defaultTemplates: [auditor, native]\n",
+        vec![
+            (
+                "auditor".into(),
+                "containers: [{name: auditor, image: 'auditor:1'}]\n".into(),
+            ),
+            (
+                "native".into(),
+                "initContainers: [{name: agent, image: 'agent:1', restartPolicy: Always}]\n".into(),
+            ),
+        ],
+        None,
+    )
+    .expect("config loads");
+    let notes = |p: &Pod| match decide_for(&inj, p, Some("shop")).expect("decides") {
+        Decision::Inject(plan) => plan.notes,
+        other => panic!("not injected: {other:?}"),
+    };
+    let with = |policy: Option<&str>, owner: Option<(&str, &str)>| {
+        let mut p = opted_in();
+        p.spec.as_mut().expect("spec").restart_policy = policy.map(str::to_owned);
+        if let Some((kind, name)) = owner {
+            p.metadata.owner_references = Some(vec![
+                serde_json::from_value(json!({
+                    "apiVersion": "batch/v1", "kind": kind, "name": name, "uid": "u",
+                    "controller": true
+                }))
+                .expect("owner"),
+            ]);
+        }
+        p
+    };
+    for (p, why) in [
+        (with(Some("Never"), None), "(restartPolicy: Never)"),
+        (with(Some("OnFailure"), None), "(restartPolicy: OnFailure)"),
+        (
+            with(None, Some(("Job", "migrate"))),
+            "(it belongs to Job \"migrate\")",
+        ),
+    ] {
+        let notes = notes(&p);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].starts_with("template \"auditor\" adds \"auditor\" as a regular container")
+                && notes[0].contains(why),
+            "{notes:?}"
+        );
+    }
+    for p in [
+        with(None, None),
+        with(Some("Always"), Some(("ReplicaSet", "web-1"))),
+    ] {
+        assert_eq!(notes(&p), Vec::<String>::new());
+    }
+    assert_eq!(
+        inj.advisories
+            .iter()
+            .filter(|a| a.contains("regular container"))
+            .count(),
+        1
+    );
+    assert!(
+        injector().advisories.is_empty(),
+        "{:?}",
+        injector().advisories
+    );
+}
+
+#[test]
+fn object_namespace_wins_over_request_namespace() {
+    let mut p = opted_in();
+    p.metadata.namespace = Some("kube-system".into());
+    let json = crate::engine::view::pod_json(&p);
+    let view = PodView::parse(&json).expect("view");
+    let facts = PodFacts::new(&view, Some("default"));
+    assert_eq!(facts.namespace, "kube-system");
+}
+
+#[test]
+fn host_network_and_windows_are_skipped() {
+    let inj = injector();
+    let mut p = opted_in();
+    if let Some(s) = p.spec.as_mut() {
+        s.host_network = Some(true);
+    }
+    assert_eq!(
+        decide_for(&inj, &p, Some("default")).expect("decides"),
+        Decision::Skip(SkipReason::HostNetwork)
+    );
+    let mut p = opted_in();
+    if let Some(s) = p.spec.as_mut() {
+        s.node_selector = Some([("kubernetes.io/os".into(), "windows".into())].into());
+    }
+    assert_eq!(
+        decide_for(&inj, &p, Some("default")).expect("decides"),
+        Decision::Skip(SkipReason::Windows)
+    );
+}
+
+#[test]
+fn unknown_template_is_an_error_naming_it() {
+    let inj = injector();
+    let mut p = opted_in();
+    p.metadata.annotations =
+        Some([("sidecar-injector.io/templates".into(), "proxy, nope".into())].into());
+    let err = decide_for(&inj, &p, Some("default")).expect_err("unknown");
+    assert!(err.to_string().contains("\"nope\""), "{err}");
+}
+
+#[test]
+fn missing_arrays_are_created_and_keys_escaped() {
+    let inj = injector();
+    let mut p = opted_in();
+    p.metadata.annotations = None;
+    let Decision::Inject(plan) = decide_for(&inj, &p, Some("default")).expect("decides") else {
+        unreachable!("opted-in pod is injected")
+    };
+    let json = crate::engine::view::pod_json(&p);
+    let view = PodView::parse(&json).expect("view");
+    let patch: serde_json::Value =
+        serde_json::from_slice(&to_patch(&view, &plan_edits(&inj, &view, &plan)).json())
+            .expect("json");
+    let paths: Vec<&str> = patch
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|op| op["path"].as_str())
+        .collect();
+    assert!(paths.contains(&"/spec/initContainers"), "{paths:?}");
+    assert!(paths.contains(&"/spec/volumes"), "{paths:?}");
+    assert!(paths.contains(&"/metadata/annotations"), "{paths:?}");
+    assert!(
+        paths.contains(&"/metadata/annotations/sidecar-injector.io~1status"),
+        "{paths:?}"
+    );
+}
+
+/// Pods that differ only in what a template does not read share its rendering; pods that
+/// differ in what it reads do not.
+#[test]
+fn a_rendering_is_shared_by_pods_that_read_the_same() {
+    let inj = crate::engine::config::Injector::embedded(None).expect("embedded");
+    let pod = |hash: &str, app: &str| {
+        serde_json::to_vec(&json!({
+                "metadata": {"generateName": format!("web-{hash}-"), "labels": {
+                    "sidecar-injector.io/inject": "true", "app": app, "pod-template-hash": hash}},
+                "spec": {"containers": [{"name": "app", "image": "nginx", "ports": [{"containerPort": 8080}]}]}
+            }))
+            .expect("json")
+    };
+    let plan = |json: &[u8]| {
+        let view = crate::engine::view::PodView::parse(json).expect("view");
+        match crate::engine::inject::decide(
+            &inj,
+            &crate::engine::inject::PodFacts::new(&view, Some("shop")),
+        ) {
+            Ok(crate::engine::inject::Decision::Inject(plan)) => plan,
+            other => panic!("not injected: {other:?}"),
+        }
+    };
+    let (a, b, c) = (pod("aaa", "web"), pod("bbb", "web"), pod("aaa", "api"));
+    let (a, b, c) = (plan(&a), plan(&b), plan(&c));
+    for i in 0..2 {
+        assert!(Arc::ptr_eq(
+            &a.templates[i].fragment,
+            &b.templates[i].fragment
+        ));
+    }
+    // The log shipper reads the app label; the proxy does not.
+    let shipper = |p: &crate::engine::inject::Plan| {
+        p.templates
+            .iter()
+            .position(|t| t.name == "log-shipper")
+            .expect("log-shipper")
+    };
+    let proxy = |p: &crate::engine::inject::Plan| {
+        p.templates
+            .iter()
+            .position(|t| t.name == "proxy")
+            .expect("proxy")
+    };
+    assert_ne!(
+        a.templates[shipper(&a)].fragment.init_containers[0].args,
+        c.templates[shipper(&c)].fragment.init_containers[0].args
+    );
+    assert!(Arc::ptr_eq(
+        &a.templates[proxy(&a)].fragment,
+        &c.templates[proxy(&c)].fragment
+    ));
+}
