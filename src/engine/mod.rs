@@ -15,6 +15,7 @@ pub mod inject;
 pub mod json;
 pub mod manifest;
 pub mod memo;
+pub mod messages;
 pub mod outdated;
 pub mod overrides;
 pub mod policy;

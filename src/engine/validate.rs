@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::engine::config::Injector;
 use crate::engine::inject::{Plan, Status, revision_name};
+use crate::engine::messages;
 use crate::engine::view::{ContainerView, PodView};
 
 /// The container fields the injector owns: changing any of them on a sidecar is a finding.
@@ -73,39 +74,25 @@ pub fn findings(
                     Some(have) => {
                         let changed = changed_fields(want, &have.typed()?);
                         if !changed.is_empty() {
-                            out.push(format!(
-                                "sidecar {:?} (template {:?}) was changed: {}; these fields belong to the injector",
-                                want.name,
-                                t.name,
-                                changed.join(", ")
-                            ));
+                            out.push(messages::sidecar_changed(&want.name, &t.name, &changed));
                         }
                     }
-                    None if elsewhere => out.push(format!(
-                        "sidecar {:?} (template {:?}) must be in spec.{list} but is in spec.{other_list}",
-                        want.name, t.name
+                    None if elsewhere => out.push(messages::sidecar_in_wrong_list(
+                        &want.name, &t.name, list, other_list,
                     )),
-                    None => out.push(format!(
-                        "sidecar {:?} (template {:?}) is missing from spec.{list}",
-                        want.name, t.name
-                    )),
+                    None => out.push(messages::sidecar_missing(&want.name, &t.name, list)),
                 }
             }
         }
         for v in &t.fragment.volumes {
             if !volumes.iter().any(|have| *have.name == v.name) {
-                out.push(format!(
-                    "volume {:?} (template {:?}) is missing from spec.volumes",
-                    v.name, t.name
-                ));
+                out.push(messages::volume_missing(&v.name, &t.name));
             }
         }
     }
     let wanted: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
     match parsed {
-        None => out.push(format!(
-            "annotation {key} is missing: the pod did not pass through the sidecar injector"
-        )),
+        None => out.push(messages::status_missing(key)),
         Some(Ok(status)) if status.revision != inj.config.revision => out.push(format!(
             "annotation {key} says {} injected the pod, but it belongs to {}",
             revision_name(&status.revision),
@@ -153,17 +140,12 @@ pub fn sidecars_changed(
                 Some(now) => {
                     let changed = changed_fields(was, now);
                     if !changed.is_empty() {
-                        out.push(format!(
-                            "sidecar {:?} was changed: {}; these fields belong to the injector",
-                            was.name,
-                            changed.join(", ")
+                        out.push(messages::other_revision_sidecar_changed(
+                            &was.name, &changed,
                         ));
                     }
                 }
-                None => out.push(format!(
-                    "sidecar {:?} was removed from spec.{list}",
-                    was.name
-                )),
+                None => out.push(messages::other_revision_sidecar_removed(&was.name, list)),
             }
         }
     }

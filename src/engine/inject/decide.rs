@@ -10,6 +10,7 @@ use crate::engine::inject::rules::{
     InjectError, SkipReason, malformed, opt_in, runs_to_completion, selected_templates,
 };
 use crate::engine::inject::status::{Rendered, Status, fragment_hash, status_json};
+use crate::engine::messages;
 use crate::engine::template::Quoted;
 
 /// What the injector decided for a pod.
@@ -80,9 +81,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
                     source.context().map_err(InjectError::Unread)
                 })?;
                 if windows && !fragment.supports_windows {
-                    notes.push(format!(
-                        "template {name:?} was not injected: it does not support Windows pods"
-                    ));
+                    notes.push(messages::not_for_windows(name));
                     continue;
                 }
                 templates.push(Rendered {
@@ -170,10 +169,7 @@ fn kept_containers(
             };
             if keep {
                 if !injected_before {
-                    notes.push(format!(
-                        "the pod already has a container named {name:?}; it was kept and template {:?}'s sidecar was not injected",
-                        t.name
-                    ));
+                    notes.push(messages::sidecar_kept(name, &t.name));
                 }
                 kept.push(name.to_owned());
             }

@@ -1,0 +1,83 @@
+//! The sentences a person reads about a pod's sidecars: what the validating webhook finds wrong,
+//! what the exported backstop refuses (the same findings, written into its CEL as constants, so
+//! the two can never word one problem differently), and the notes an injection comes with.
+//!
+//! Each names the sidecar, its template and the list as the pod's JSON does, so that the
+//! person who ran `kubectl apply` can find it.
+
+/// `sidecar "proxy" (template "proxy")`.
+pub fn sidecar(container: &str, template: &str) -> String {
+    format!("sidecar {}", sidecar_of(container, template))
+}
+
+/// `"proxy" (template "proxy")`: a sidecar named in a list of sidecars.
+pub fn sidecar_of(container: &str, template: &str) -> String {
+    format!("{container:?} (template {template:?})")
+}
+
+pub fn sidecar_changed(container: &str, template: &str, fields: &[String]) -> String {
+    format!(
+        "{} was changed: {}; these fields belong to the injector",
+        sidecar(container, template),
+        fields.join(", ")
+    )
+}
+
+pub fn sidecar_in_wrong_list(container: &str, template: &str, list: &str, other: &str) -> String {
+    format!(
+        "{} must be in spec.{list} but is in spec.{other}",
+        sidecar(container, template)
+    )
+}
+
+pub fn sidecar_missing(container: &str, template: &str, list: &str) -> String {
+    format!(
+        "{} is missing from spec.{list}",
+        sidecar(container, template)
+    )
+}
+
+pub fn sidecar_not_native(container: &str, template: &str) -> String {
+    format!(
+        "{} must have restartPolicy: Always (a native sidecar)",
+        sidecar(container, template)
+    )
+}
+
+pub fn sidecar_image(container: &str, template: &str, image: &str) -> String {
+    format!(
+        "{} must run image {image}: the injector owns it",
+        sidecar(container, template)
+    )
+}
+
+pub fn volume_missing(volume: &str, template: &str) -> String {
+    format!("volume {volume:?} (template {template:?}) is missing from spec.volumes")
+}
+
+pub fn status_missing(annotation: &str) -> String {
+    format!("annotation {annotation} is missing: the pod did not pass through the sidecar injector")
+}
+
+/// A sidecar of a pod another revision injected (whose templates are not at hand).
+pub fn other_revision_sidecar_changed(container: &str, fields: &[String]) -> String {
+    format!(
+        "sidecar {container:?} was changed: {}; these fields belong to the injector",
+        fields.join(", ")
+    )
+}
+
+pub fn other_revision_sidecar_removed(container: &str, list: &str) -> String {
+    format!("sidecar {container:?} was removed from spec.{list}")
+}
+
+/// The note of a pod that brought a container under a sidecar's name.
+pub fn sidecar_kept(container: &str, template: &str) -> String {
+    format!(
+        "the pod already has a container named {container:?}; it was kept and template {template:?}'s sidecar was not injected"
+    )
+}
+
+pub fn not_for_windows(template: &str) -> String {
+    format!("template {template:?} was not injected: it does not support Windows pods")
+}
