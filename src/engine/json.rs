@@ -326,6 +326,9 @@ impl<'a> Reader<'a> {
     /// tests for the byte it expects first and looks for whitespace only when that test fails.
     /// Whether the innermost container is an object is kept in a flag; the bit stack of outer
     /// containers is read only when one closes.
+    ///
+    /// One function of some 120 lines on purpose: it is the loop most of a review's
+    /// instructions run in, and its states are jumps within it, not calls.
     #[inline(never)]
     fn skip_any(&mut self) -> Result<()> {
         let bytes = self.bytes;

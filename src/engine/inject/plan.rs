@@ -123,6 +123,21 @@ impl<'a> Names<'a> {
 /// The edits that take `pod` to its injected state: only what is missing. Applying the
 /// edits and planning again yields no edits (the fixed point).
 pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> Vec<Edit<'p>> {
+    // A typical injection makes about a dozen edits.
+    let mut edits = Vec::with_capacity(16);
+    let sidecars = add_sidecars_and_volumes(pod, plan, &mut edits);
+    add_mounts_and_env(pod, plan, &sidecars, &mut edits);
+    set_metadata(inj, pod, plan, &mut edits);
+    edits
+}
+
+/// The sidecars (init containers before the pod's own, then regular ones), volumes and image
+/// pull secrets the pod lacks. Returns every sidecar name of the plan.
+fn add_sidecars_and_volumes<'p>(
+    pod: &PodView<'_>,
+    plan: &'p Plan,
+    edits: &mut Vec<Edit<'p>>,
+) -> Names<'p> {
     let spec = pod.spec.as_ref();
     // The sets are filled by plain loops: a `collect` for each was an iterator's code of its
     // own, run once.
@@ -147,9 +162,6 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
     for s in pod_secrets {
         secrets.insert(s.name());
     }
-
-    // A typical injection makes about a dozen edits.
-    let mut edits = Vec::with_capacity(16);
     let mut new_init = Vec::with_capacity(plan.templates.len());
     let mut appended = Vec::with_capacity(plan.templates.len());
     for t in &plan.templates {
@@ -182,7 +194,17 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
             }
         }
     }
+    sidecars
+}
 
+/// The template mounts and env each application container lacks.
+fn add_mounts_and_env<'p>(
+    pod: &PodView<'_>,
+    plan: &'p Plan,
+    sidecars: &Names<'_>,
+    edits: &mut Vec<Edit<'p>>,
+) {
+    let containers = pod.containers();
     // Mounts and env reach every application container present now, including containers
     // another webhook added after us, so that reinvocation converges.
     let mut template_env = Names::new();
@@ -236,7 +258,15 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
             }
         }
     }
+}
 
+/// The template labels and annotations the pod lacks, and the status annotation.
+fn set_metadata<'p>(
+    inj: &'p Injector,
+    pod: &PodView<'_>,
+    plan: &'p Plan,
+    edits: &mut Vec<Edit<'p>>,
+) {
     let labels = pod.labels();
     let annotations = pod.annotations();
     let status_key = inj.config.status_annotation.as_str();
@@ -269,7 +299,6 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
             json: Some(&plan.status.json),
         });
     }
-    edits
 }
 
 impl Edit<'_> {
