@@ -222,17 +222,17 @@ pub struct TemplateSet {
     /// name for what it reads, its overrides and its hash, and the four maps these were kept
     /// in (its defaults apart) were four sets of nodes and keys for a cold review to fetch
     /// (docs/benchmarks-history.md, "What the goals needed").
-    templates: BTreeMap<String, Entry>,
+    templates: BTreeMap<String, Compiled>,
     values: Value,
     cache: RenderCache,
     owned: Owned,
     /// Each template's source, for the policy exporter (which reads its syntax tree); kept
-    /// apart from [`Entry`], which a review reads.
+    /// apart from [`Compiled`], which a review reads.
     sources: BTreeMap<String, String>,
 }
 
 /// One template's part of [`TemplateSet`].
-struct Entry {
+struct Compiled {
     /// Its name and a short hash of its source and the configuration's `values` (it changes
     /// exactly when the configuration changes what the template can render), shared with every
     /// answer that reports an injection.
@@ -439,7 +439,7 @@ impl TemplateSet {
                     file: file.clone(),
                     detail: e.to_string(),
                 })?;
-            let entry = Entry {
+            let entry = Compiled {
                 injection: (name.as_str().into(), hash.into()),
                 reads: reads_of(&template, &source),
                 declared: header,
