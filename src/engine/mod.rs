@@ -6,7 +6,6 @@
 //! already read; the shells ([`crate::server`], [`crate::cli`], [`crate::load`]) do the I/O and
 //! import the engine, never the other way round.
 
-pub mod check;
 pub mod config;
 pub mod explain;
 pub mod fit;
@@ -14,7 +13,6 @@ pub mod inject;
 pub mod json;
 pub mod manifest;
 pub mod memo;
-pub mod outdated;
 pub mod overrides;
 pub mod policy;
 pub mod review;

@@ -1,7 +1,7 @@
 //! `check`, the command: whether an installation in the cluster works.
 //!
 //! - [`cluster`]: the reads, the dry run, the TLS handshake.
-//! - The judging is pure and lives in [`crate::engine::check`].
+//! - The judging is pure and lives in [`crate::diagnose::check`].
 
 pub mod cluster;
 
@@ -16,7 +16,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
-use crate::engine::check::{
+use crate::diagnose::check::{
     self, Got, Installation, Observed, backstop, policy_mode, probe, target_key, tls, webhooks,
 };
 
