@@ -253,11 +253,11 @@ pub struct Observed {
     /// The chain served behind each webhook target, by [`target_key`].
     pub served: BTreeMap<String, tls::Served>,
     /// `None` when the configuration could not be read (nothing to compare with).
-    pub backstop: Option<backstop::Seen>,
+    pub backstop: Option<backstop::BackstopRead>,
     /// `None` when the configuration could not be read (no probe to make).
     pub dry_run: Option<probe::Answer>,
     /// `Some` when the installation is in policy mode ([`policy_mode::detect`]).
-    pub policy_mode: Option<policy_mode::Seen>,
+    pub policy_mode: Option<policy_mode::PolicyModeRead>,
     pub all_mutating: Got<Vec<MutatingWebhookConfiguration>>,
 }
 
@@ -309,11 +309,11 @@ pub fn judge(o: &Observed) -> Report {
         inject_label,
         release_namespace: &inst.namespace,
     };
-    let mutating: Got<Vec<webhooks::Entry>> = match &o.mutating {
+    let mutating: Got<Vec<webhooks::WebhookEntry>> = match &o.mutating {
         Got::Found(c) => Got::Found(webhooks::mutating_entries(c)),
         other => other.as_ref().absent(),
     };
-    let validating: Got<Vec<webhooks::Entry>> = match &o.validating {
+    let validating: Got<Vec<webhooks::WebhookEntry>> = match &o.validating {
         Got::Found(c) => Got::Found(webhooks::validating_entries(c)),
         other => other.as_ref().absent(),
     };
@@ -338,7 +338,7 @@ pub fn judge(o: &Observed) -> Report {
     if let (Some(m), Some(v)) = (mutating.found(), validating.found()) {
         out.extend(webhooks::pairing(&inst.release, m, v, &expect));
     }
-    let every: Vec<&webhooks::Entry> = mutating
+    let every: Vec<&webhooks::WebhookEntry> = mutating
         .found()
         .into_iter()
         .chain(validating.found())
