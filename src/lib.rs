@@ -4,8 +4,9 @@
 //! - [`engine`] decides everything and does no I/O: a review (read through the borrowed
 //!   [`view`]) or a manifest, and a checked [`config`], go in; a patch, a verdict or the text a
 //!   command prints comes out ([`template`], [`overrides`], [`inject`], [`validate`],
-//!   [`review`], [`manifest`], [`explain`], [`outdated`], which judges a cluster's pods, and
-//!   [`engine::check`], which judges an installation).
+//!   [`review`], [`manifest`], [`explain`]).
+//! - [`diagnose`] judges what was read of a cluster, with the engine's decisions and no I/O
+//!   either: [`outdated`] a cluster's pods, [`diagnose::check`] an installation.
 //! - [`server`]: the webhook and admin servers (sockets, TLS, reloads, limits, shutdown).
 //! - [`cli`]: the commands, `serve`, `inject`, `review`, `explain`, `outdated`, `export` and
 //!   `check` (whose API-server calls live in [`cli::outdated`] and [`cli::check`]).
@@ -16,13 +17,16 @@
 //! `sidecar_injector::review`, `sidecar_injector::inject` and the rest name them directly.
 
 pub mod cli;
+pub mod diagnose;
 pub mod engine;
 pub mod load;
 pub mod server;
 
 pub use engine::{
-    config, explain, inject, manifest, memo, outdated, overrides, review, template, validate, view,
+    config, explain, inject, manifest, memo, overrides, review, template, validate, view,
 };
+
+pub use diagnose::outdated;
 
 /// Every binary of the project (the server and CLI, the benchmarks, the tests) allocates with
 /// mimalloc: a review makes a few dozen short-lived allocations, and glibc's malloc and free

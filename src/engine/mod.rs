@@ -6,7 +6,6 @@
 //! already read; the shells ([`crate::server`], [`crate::cli`], [`crate::load`]) do the I/O and
 //! import the engine, never the other way round.
 
-pub mod check;
 pub mod config;
 pub mod context;
 pub mod explain;
@@ -16,7 +15,6 @@ pub mod json;
 pub mod manifest;
 pub mod memo;
 pub mod messages;
-pub mod outdated;
 pub mod overrides;
 pub mod policy;
 pub mod review;

@@ -1,6 +1,6 @@
 //! The cluster side of `check`: every read, the dry run, and the TLS handshake with a url.
 //! Nothing is decided here: each call answers with what it got ([`Got`]), and
-//! [`crate::engine::check`] judges.
+//! [`crate::diagnose::check`] judges.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -18,8 +18,8 @@ use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signat
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 use serde::de::DeserializeOwned;
 
-use crate::engine::check::probe::Answer;
-use crate::engine::check::{Got, tls};
+use crate::diagnose::check::probe::Answer;
+use crate::diagnose::check::{Got, tls};
 
 /// How long the handshake with a url may take.
 const DIAL: Duration = Duration::from_secs(5);

@@ -1,7 +1,7 @@
 //! `check`, the command: whether an installation in the cluster works.
 //!
 //! - [`cluster`]: the reads, the dry run, the TLS handshake.
-//! - The judging is pure and lives in [`crate::engine::check`].
+//! - The judging is pure and lives in [`crate::diagnose::check`].
 
 pub mod cluster;
 
@@ -16,7 +16,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
-use crate::engine::check::{
+use crate::diagnose::check::{
     self, Got, Installation, Observed, backstop, policy_mode, probe, target_key, tls, webhooks,
 };
 
@@ -124,14 +124,14 @@ impl CheckArgs {
         let policy_mode =
             read_policy_mode(&client, &config, &deployment, &mutating, &validating).await;
 
-        let mut entries: Vec<webhooks::Entry> = Vec::new();
+        let mut entries: Vec<webhooks::WebhookEntry> = Vec::new();
         if let Got::Found(c) = &mutating {
             entries.extend(webhooks::mutating_entries(c));
         }
         if let Got::Found(c) = &validating {
             entries.extend(webhooks::validating_entries(c));
         }
-        let refs: Vec<&webhooks::Entry> = entries.iter().collect();
+        let refs: Vec<&webhooks::WebhookEntry> = entries.iter().collect();
         let (services, _) = webhooks::services(&refs);
         let mut endpoints = Vec::new();
         for (ns, name) in &services {
@@ -161,7 +161,7 @@ impl CheckArgs {
             Got::Found(inj) => {
                 let name = format!("{}-backstop", crate::engine::policy::base_name(inj));
                 let (policy, binding) = cluster::backstop(&client, &name).await;
-                let seen = backstop::Seen {
+                let seen = backstop::BackstopRead {
                     server_applies: deployment.found().map(backstop::server_applies),
                     policy,
                     binding,
@@ -215,7 +215,7 @@ async fn read_policy_mode(
     deployment: &Got<Deployment>,
     mutating: &Got<MutatingWebhookConfiguration>,
     validating: &Got<ValidatingWebhookConfiguration>,
-) -> Option<policy_mode::Seen> {
+) -> Option<policy_mode::PolicyModeRead> {
     let keeper = deployment.found().filter(|d| policy_mode::is_keeper(d));
     if keeper.is_none() && !matches!(mutating, Got::Missing) {
         return None;
@@ -233,7 +233,7 @@ async fn read_policy_mode(
         (None, Got::Found(_)) => Got::Missing,
         (None, other) => other.as_ref().absent(),
     };
-    Some(policy_mode::Seen {
+    Some(policy_mode::PolicyModeRead {
         name,
         keeper,
         api_version,

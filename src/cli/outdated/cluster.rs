@@ -11,12 +11,12 @@ use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
-use crate::engine::config::Injector;
-use crate::engine::outdated::report::NamespaceLabels;
-use crate::engine::outdated::workload::{
+use crate::diagnose::outdated::report::NamespaceLabels;
+use crate::diagnose::outdated::workload::{
     Owners, Rollout, Workload, daemonset_rollout, deployment_rollout, restart_patch,
     statefulset_rollout,
 };
+use crate::engine::config::Injector;
 
 /// Page size of list calls: bounded memory per response on large clusters.
 const PAGE: u32 = 500;

@@ -2,9 +2,10 @@
 //! injects, and a safe rolling restart of their workloads.
 //!
 //! - [`cluster`]: the API calls.
-//! - The judging ([`check`](crate::engine::outdated::check),
-//!   [`workload`](crate::engine::outdated::workload), [`report`](crate::engine::outdated::report))
-//!   is pure and lives in [`crate::engine::outdated`].
+//! - The judging ([`check`](crate::diagnose::outdated::check),
+//!   [`workload`](crate::diagnose::outdated::workload),
+//!   [`report`](crate::diagnose::outdated::report)) is pure and lives in
+//!   [`crate::diagnose::outdated`].
 
 pub mod cluster;
 
@@ -14,8 +15,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, ValueEnum};
 
-use crate::engine::outdated::report::{Report, RestartRecord};
-use crate::engine::outdated::workload::Rollout;
+use crate::diagnose::outdated::report::{Report, RestartRecord};
+use crate::diagnose::outdated::workload::Rollout;
 use crate::load::ConfigArg;
 use crate::server::parse_duration;
 

@@ -1,7 +1,7 @@
 //! Whether the cluster runs a Kubernetes this injector supports: the floor, and why it is there.
 //! The chart's `kubeVersion` says the same (a test holds the two equal).
 
-use crate::engine::check::{Finding, Got, State, unread};
+use super::{Finding, Got, State, unread};
 
 /// The oldest Kubernetes (major, minor) on which everything the injector adds works, and the
 /// oldest the e2e suite runs on.

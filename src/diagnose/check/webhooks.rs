@@ -19,7 +19,7 @@ const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// The fields of a webhook entry the checks read, the same for both kinds.
 #[derive(Clone, Debug)]
-pub struct Entry {
+pub struct WebhookEntry {
     pub name: String,
     pub client_config: WebhookClientConfig,
     pub object_selector: Option<LabelSelector>,
@@ -32,7 +32,7 @@ pub struct Entry {
     pub rules: Vec<RuleWithOperations>,
 }
 
-impl From<&MutatingWebhook> for Entry {
+impl From<&MutatingWebhook> for WebhookEntry {
     fn from(w: &MutatingWebhook) -> Self {
         Self {
             name: w.name.clone(),
@@ -53,7 +53,7 @@ impl From<&MutatingWebhook> for Entry {
     }
 }
 
-impl From<&ValidatingWebhook> for Entry {
+impl From<&ValidatingWebhook> for WebhookEntry {
     fn from(w: &ValidatingWebhook) -> Self {
         Self {
             name: w.name.clone(),
@@ -69,12 +69,20 @@ impl From<&ValidatingWebhook> for Entry {
     }
 }
 
-pub fn mutating_entries(c: &MutatingWebhookConfiguration) -> Vec<Entry> {
-    c.webhooks.iter().flatten().map(Entry::from).collect()
+pub fn mutating_entries(c: &MutatingWebhookConfiguration) -> Vec<WebhookEntry> {
+    c.webhooks
+        .iter()
+        .flatten()
+        .map(WebhookEntry::from)
+        .collect()
 }
 
-pub fn validating_entries(c: &ValidatingWebhookConfiguration) -> Vec<Entry> {
-    c.webhooks.iter().flatten().map(Entry::from).collect()
+pub fn validating_entries(c: &ValidatingWebhookConfiguration) -> Vec<WebhookEntry> {
+    c.webhooks
+        .iter()
+        .flatten()
+        .map(WebhookEntry::from)
+        .collect()
 }
 
 /// Which opt-in rule an entry serves, from its objectSelector.
@@ -102,7 +110,7 @@ pub struct Expect<'a> {
     pub release_namespace: &'a str,
 }
 
-fn rule_of(entry: &Entry, label: &str) -> Option<Rule> {
+fn rule_of(entry: &WebhookEntry, label: &str) -> Option<Rule> {
     let selector = entry.object_selector.as_ref()?;
     if selector
         .match_labels
@@ -139,7 +147,7 @@ pub fn matches_pod_create(rules: &[RuleWithOperations]) -> bool {
 }
 
 /// The namespaces an entry's namespaceSelector leaves out by name.
-fn excluded_namespaces(entry: &Entry) -> BTreeSet<String> {
+fn excluded_namespaces(entry: &WebhookEntry) -> BTreeSet<String> {
     entry
         .namespace_selector
         .iter()
@@ -165,7 +173,7 @@ pub fn target(cc: &WebhookClientConfig) -> String {
 }
 
 /// The problems of one entry, each in words with what to do.
-fn entry_problems(entry: &Entry, expect: &Expect<'_>) -> Vec<(String, String)> {
+fn entry_problems(entry: &WebhookEntry, expect: &Expect<'_>) -> Vec<(String, String)> {
     let mut out = Vec::new();
     if rule_of(entry, expect.inject_label).is_none() {
         out.push((
@@ -225,8 +233,8 @@ fn entry_problems(entry: &Entry, expect: &Expect<'_>) -> Vec<(String, String)> {
     out
 }
 
-fn summary(kind: &str, entries: &[Entry]) -> String {
-    let distinct = |f: &dyn Fn(&Entry) -> String| {
+fn summary(kind: &str, entries: &[WebhookEntry]) -> String {
+    let distinct = |f: &dyn Fn(&WebhookEntry) -> String| {
         let set: BTreeSet<String> = entries.iter().map(f).collect();
         set.into_iter().collect::<Vec<_>>().join("/")
     };
@@ -260,7 +268,7 @@ fn summary(kind: &str, entries: &[Entry]) -> String {
 pub fn configuration(
     kind: &str,
     name: &str,
-    got: &Got<Vec<Entry>>,
+    got: &Got<Vec<WebhookEntry>>,
     expect: &Expect<'_>,
 ) -> Vec<Finding> {
     let subject = format!("{kind} {name}");
@@ -304,11 +312,11 @@ pub fn configuration(
 /// through unchecked.
 pub fn pairing(
     name: &str,
-    mutating: &[Entry],
-    validating: &[Entry],
+    mutating: &[WebhookEntry],
+    validating: &[WebhookEntry],
     expect: &Expect<'_>,
 ) -> Vec<Finding> {
-    let rules = |entries: &[Entry]| -> BTreeMap<Rule, String> {
+    let rules = |entries: &[WebhookEntry]| -> BTreeMap<Rule, String> {
         entries
             .iter()
             .filter_map(|e| rule_of(e, expect.inject_label).map(|r| (r, e.name.clone())))
@@ -371,7 +379,7 @@ pub struct ServiceEndpoints {
 }
 
 /// Every distinct Service the entries call, and every url.
-pub fn services(entries: &[&Entry]) -> (Vec<(String, String)>, Vec<String>) {
+pub fn services(entries: &[&WebhookEntry]) -> (Vec<(String, String)>, Vec<String>) {
     let mut services = BTreeSet::new();
     let mut urls = BTreeSet::new();
     for e in entries {

@@ -30,7 +30,7 @@ pub(super) fn env_is_true(deployment: &Deployment, name: &str) -> bool {
 
 /// What was read of the backstop. Objects are given by their annotations.
 #[derive(Clone, Debug)]
-pub struct Seen {
+pub struct BackstopRead {
     /// `Some(true)`: the Deployment's server applies the backstop; `Some(false)`: it does not;
     /// `None`: no Deployment was read (a server outside the cluster, or no right to read it).
     pub server_applies: Option<bool>,
@@ -40,7 +40,7 @@ pub struct Seen {
 
 /// Check 4. `name`: the objects' name (`sidecar-injector-backstop`); `digest`: the running
 /// configuration's.
-pub fn judge(name: &str, digest: &str, seen: &Seen) -> Vec<Finding> {
+pub fn judge(name: &str, digest: &str, seen: &BackstopRead) -> Vec<Finding> {
     let policy_subject = format!("ValidatingAdmissionPolicy {name}");
     let binding_subject = format!("ValidatingAdmissionPolicyBinding {name}");
     let keeper = match seen.server_applies {
@@ -153,8 +153,8 @@ mod tests {
         Got::Found([(CONFIG_ANNOTATION.to_owned(), digest.to_owned())].into())
     }
 
-    fn seen(server: Option<bool>, policy: Got<BTreeMap<String, String>>) -> Seen {
-        Seen {
+    fn seen(server: Option<bool>, policy: Got<BTreeMap<String, String>>) -> BackstopRead {
+        BackstopRead {
             server_applies: server,
             binding: match &policy {
                 Got::Missing => Got::Missing,

@@ -253,11 +253,11 @@ pub struct Observed {
     /// The chain served behind each webhook target, by [`target_key`].
     pub served: BTreeMap<String, tls::Served>,
     /// `None` when the configuration could not be read (nothing to compare with).
-    pub backstop: Option<backstop::Seen>,
+    pub backstop: Option<backstop::BackstopRead>,
     /// `None` when the configuration could not be read (no probe to make).
     pub dry_run: Option<probe::Answer>,
     /// `Some` when the installation is in policy mode ([`policy_mode::detect`]).
-    pub policy_mode: Option<policy_mode::Seen>,
+    pub policy_mode: Option<policy_mode::PolicyModeRead>,
     pub all_mutating: Got<Vec<MutatingWebhookConfiguration>>,
 }
 
@@ -279,14 +279,71 @@ pub fn target_key(cc: &WebhookClientConfig) -> Option<(String, String)> {
 
 /// The report of a run, every check in order.
 pub fn judge(o: &Observed) -> Report {
+    let entries = Entries::of(o);
+    let road = match o.policy_mode {
+        Some(_) => probe::Road::Policy,
+        None => probe::Road::Webhooks,
+    };
+    let mut out = vec![version::judge(&o.kubernetes)];
+    out.extend(config(o));
+    out.extend(configurations(o, &entries));
+    out.extend(endpoints(o, &entries));
+    out.extend(certificates(o, &entries, injected(o, road)));
+    out.extend(backstop_in_step(o));
+    out.extend(dry_run(o, road));
+    out.extend(other_webhooks(o, &entries));
+    Report::new(o.installation.clone(), out)
+}
+
+// === the steps of judge, in the order of the report ===
+
+/// The two webhook configurations' entries, or why they could not be read.
+struct Entries {
+    mutating: Got<Vec<webhooks::WebhookEntry>>,
+    validating: Got<Vec<webhooks::WebhookEntry>>,
+}
+
+impl Entries {
+    fn of(o: &Observed) -> Self {
+        Self {
+            mutating: match &o.mutating {
+                Got::Found(c) => Got::Found(webhooks::mutating_entries(c)),
+                other => other.as_ref().absent(),
+            },
+            validating: match &o.validating {
+                Got::Found(c) => Got::Found(webhooks::validating_entries(c)),
+                other => other.as_ref().absent(),
+            },
+        }
+    }
+
+    /// Each configuration with its kind, mutating first.
+    fn by_kind(&self) -> [(&'static str, &Got<Vec<webhooks::WebhookEntry>>); 2] {
+        [
+            ("MutatingWebhookConfiguration", &self.mutating),
+            ("ValidatingWebhookConfiguration", &self.validating),
+        ]
+    }
+
+    /// Every entry read, of both configurations.
+    fn every(&self) -> Vec<&webhooks::WebhookEntry> {
+        self.mutating
+            .found()
+            .into_iter()
+            .chain(self.validating.found())
+            .flatten()
+            .collect()
+    }
+}
+
+/// The configuration line: the release's ConfigMap, read and parsed, or why not.
+fn config(o: &Observed) -> Option<Finding> {
     let inst = &o.installation;
-    let mut out = Vec::new();
-    let config_subject = format!("ConfigMap {}", inst.release);
-    out.push(version::judge(&o.kubernetes));
+    let subject = format!("ConfigMap {}", inst.release);
     match &o.config {
-        Got::Found(inj) => out.push(Finding::pass(
+        Got::Found(inj) => Some(Finding::pass(
             "config",
-            config_subject,
+            subject,
             format!(
                 "configuration {} ({}, default templates {})",
                 inj.digest,
@@ -294,72 +351,75 @@ pub fn judge(o: &Observed) -> Report {
                 inj.config.default_templates.join(", ")
             ),
         )),
-        got => out.extend(unread(got, "config", &config_subject).map(|f| match got {
+        got => unread(got, "config", &subject).map(|f| match got {
             Got::Missing => f.fix(format!(
                 "is the release {} installed in namespace {}? (--release, --namespace)",
                 inst.release, inst.namespace
             )),
             _ => f,
-        })),
+        }),
     }
-    let inject_label = o.config.found().map_or("sidecar-injector.io/inject", |i| {
-        i.config.inject_label.as_str()
-    });
-    let expect = webhooks::Expect {
-        inject_label,
-        release_namespace: &inst.namespace,
-    };
-    let mutating: Got<Vec<webhooks::Entry>> = match &o.mutating {
-        Got::Found(c) => Got::Found(webhooks::mutating_entries(c)),
-        other => other.as_ref().absent(),
-    };
-    let validating: Got<Vec<webhooks::Entry>> = match &o.validating {
-        Got::Found(c) => Got::Found(webhooks::validating_entries(c)),
-        other => other.as_ref().absent(),
-    };
-    let road = match o.policy_mode {
-        Some(_) => probe::Road::Policy,
-        None => probe::Road::Webhooks,
-    };
-    for (kind, got) in [
-        ("MutatingWebhookConfiguration", &mutating),
-        ("ValidatingWebhookConfiguration", &validating),
-    ] {
+}
+
+/// What the webhook entries are held to: the configuration's inject label (the default one when
+/// the configuration could not be read) and the release's namespace.
+fn expect(o: &Observed) -> webhooks::Expect<'_> {
+    webhooks::Expect {
+        inject_label: o.config.found().map_or("sidecar-injector.io/inject", |i| {
+            i.config.inject_label.as_str()
+        }),
+        release_namespace: &o.installation.namespace,
+    }
+}
+
+/// Each webhook configuration (or, in policy mode, why there is none and the policy in its
+/// place), then whether the two configurations' entries pair up.
+fn configurations(o: &Observed, entries: &Entries) -> Vec<Finding> {
+    let inst = &o.installation;
+    let expect = expect(o);
+    let mut out = Vec::new();
+    for (kind, got) in entries.by_kind() {
         match (&o.policy_mode, got) {
-            (Some(seen), Got::Missing) => {
-                out.push(policy_mode::no_webhooks(kind, &inst.release, &seen.name));
+            (Some(read), Got::Missing) => {
+                out.push(policy_mode::no_webhooks(kind, &inst.release, &read.name));
             }
             _ => out.extend(webhooks::configuration(kind, &inst.release, got, &expect)),
         }
     }
-    if let (Got::Found(inj), Some(seen)) = (&o.config, &o.policy_mode) {
-        out.extend(policy_mode::judge(inst, &inj.digest, seen));
+    if let (Got::Found(inj), Some(read)) = (&o.config, &o.policy_mode) {
+        out.extend(policy_mode::judge(inst, &inj.digest, read));
     }
-    if let (Some(m), Some(v)) = (mutating.found(), validating.found()) {
+    if let (Some(m), Some(v)) = (entries.mutating.found(), entries.validating.found()) {
         out.extend(webhooks::pairing(&inst.release, m, v, &expect));
     }
-    let every: Vec<&webhooks::Entry> = mutating
-        .found()
-        .into_iter()
-        .chain(validating.found())
-        .flatten()
-        .collect();
-    let (_, urls) = webhooks::services(&every);
-    out.extend(webhooks::endpoints(&o.endpoints, &urls, &inst.release));
+    out
+}
 
-    let injected = matches!(
+/// The ready endpoints of every Service the entries call.
+fn endpoints(o: &Observed, entries: &Entries) -> Vec<Finding> {
+    let (_, urls) = webhooks::services(&entries.every());
+    webhooks::endpoints(&o.endpoints, &urls, &o.installation.release)
+}
+
+/// Whether the dry-run pod came back injected as it should (a `caBundle` that does not verify
+/// the served chain is then reported with that in mind).
+fn injected(o: &Observed, road: probe::Road) -> bool {
+    matches!(
         (&o.dry_run, &o.config),
         (Some(answer @ probe::Answer::Admitted(_)), Got::Found(inj))
             if probe::judge(road, inj, &o.pod_namespace, &probe::expected_sidecars(inj, &o.pod_namespace), answer).state == State::Pass
-    );
-    for (kind, got) in [
-        ("MutatingWebhookConfiguration", &mutating),
-        ("ValidatingWebhookConfiguration", &validating),
-    ] {
-        let Some(entries) = got.found() else { continue };
+    )
+}
+
+/// Each configuration's `caBundle` against the chain its target serves, then each served
+/// certificate's expiry.
+fn certificates(o: &Observed, entries: &Entries, injected: bool) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for (kind, got) in entries.by_kind() {
+        let Some(of_kind) = got.found() else { continue };
         // One line per configuration and target: the chart's entries share both.
         let mut done = BTreeSet::new();
-        for e in entries {
+        for e in of_kind {
             let Some((key, server_name)) = target_key(&e.client_config) else {
                 continue;
             };
@@ -371,7 +431,7 @@ pub fn judge(o: &Observed) -> Report {
                 continue;
             };
             out.push(tls::ca_bundle(
-                &format!("{kind} {}", inst.release),
+                &format!("{kind} {}", o.installation.release),
                 bundle.as_deref(),
                 served,
                 &server_name,
@@ -383,18 +443,32 @@ pub fn judge(o: &Observed) -> Report {
     for served in o.served.values() {
         out.extend(tls::expiry(served, o.now, o.warn_days));
     }
+    out
+}
 
-    if let (Got::Found(inj), Some(seen)) = (&o.config, &o.backstop) {
-        out.extend(backstop::judge(
+/// Whether the backstop is the export of the running configuration.
+fn backstop_in_step(o: &Observed) -> Vec<Finding> {
+    match (&o.config, &o.backstop) {
+        (Got::Found(inj), Some(read)) => backstop::judge(
             &format!("{}-backstop", crate::engine::policy::base_name(inj)),
             &inj.digest,
-            seen,
-        ));
+            read,
+        ),
+        _ => Vec::new(),
     }
-    if let (Got::Found(inj), Some(answer)) = (&o.config, &o.dry_run) {
-        let expected = probe::expected_sidecars(inj, &o.pod_namespace);
-        out.push(probe::judge(road, inj, &o.pod_namespace, &expected, answer));
-    }
+}
+
+/// What the dry-run pod came back with, against the engine's own injection of it.
+fn dry_run(o: &Observed, road: probe::Road) -> Option<Finding> {
+    let (Got::Found(inj), Some(answer)) = (&o.config, &o.dry_run) else {
+        return None;
+    };
+    let expected = probe::expected_sidecars(inj, &o.pod_namespace);
+    Some(probe::judge(road, inj, &o.pod_namespace, &expected, answer))
+}
+
+/// The other mutating webhooks that see the dry-run pod's labels, and their order against ours.
+fn other_webhooks(o: &Observed, entries: &Entries) -> Vec<Finding> {
     let labels: BTreeMap<String, String> = o
         .config
         .found()
@@ -403,22 +477,17 @@ pub fn judge(o: &Observed) -> Report {
         .unwrap_or_default();
     // The exported MutatingAdmissionPolicy is always reinvoked IfNeeded.
     let (ours, reinvocation) = match &o.policy_mode {
-        Some(seen) => (webhooks::Ours::Policy(&seen.name), Some("IfNeeded")),
+        Some(read) => (webhooks::Ours::Policy(&read.name), Some("IfNeeded")),
         None => (
-            webhooks::Ours::Webhook(&inst.release),
-            mutating
+            webhooks::Ours::Webhook(&o.installation.release),
+            entries
+                .mutating
                 .found()
                 .and_then(|m| m.first())
                 .and_then(|e| e.reinvocation_policy.as_deref()),
         ),
     };
-    out.extend(webhooks::others(
-        &o.all_mutating,
-        ours,
-        &labels,
-        reinvocation,
-    ));
-    Report::new(inst.clone(), out)
+    webhooks::others(&o.all_mutating, ours, &labels, reinvocation)
 }
 
 #[cfg(test)]

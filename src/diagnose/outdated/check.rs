@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::engine::config::Injector;
-use crate::engine::inject::{Decision, PodFacts, Rendered, Status, decide, opt_in};
+use crate::engine::inject::{Decision, Plan, PodFacts, Rendered, Status, decide, opt_in};
 use crate::engine::validate::{OWNED_FIELDS, field_problems};
 
 /// Where a pod stands.
@@ -166,21 +166,11 @@ pub fn check(
         .as_ref()
         .and_then(|a| a.get(&inj.config.status_annotation));
     let Some(recorded) = recorded else {
-        return match decide(inj, &facts) {
-            Ok(Decision::Inject(_)) => Some(PodState::NotInjected),
-            Ok(Decision::NotOptedIn | Decision::Skip(_)) => None,
-            Err(error) => Some(PodState::Unknown {
-                reason: error.to_string(),
-            }),
-        };
+        return unrecorded(inj, &facts);
     };
-    let Ok(status) = serde_json::from_str::<Status>(recorded) else {
-        return Some(PodState::Unknown {
-            reason: format!(
-                "annotation {} is not a status the injector wrote",
-                inj.config.status_annotation
-            ),
-        });
+    let status = match recorded_status(inj, recorded) {
+        Ok(status) => status,
+        Err(state) => return Some(state),
     };
     // A status without `revision` (the default revision's, or one written before revisions
     // existed) reads as the default, unnamed revision.
@@ -189,52 +179,73 @@ pub fn check(
             revision: status.revision,
         });
     }
-    let plan = match decide(inj, &facts) {
-        Err(error) => {
-            return Some(PodState::Unknown {
-                reason: error.to_string(),
-            });
-        }
+    let plan = match injected_now(inj, &facts) {
+        Ok(plan) => plan,
+        Err(state) => return Some(state),
+    };
+    Some(against_plan(pod, &status, &plan))
+}
+
+// === the steps of check ===
+
+/// A pod with no status annotation: not injected, and the injector's business only if it
+/// would be injected now.
+fn unrecorded(inj: &Injector, facts: &PodFacts<'_>) -> Option<PodState> {
+    match decide(inj, facts) {
+        Ok(Decision::Inject(_)) => Some(PodState::NotInjected),
+        Ok(Decision::NotOptedIn | Decision::Skip(_)) => None,
+        Err(error) => Some(PodState::Unknown {
+            reason: error.to_string(),
+        }),
+    }
+}
+
+/// The status annotation the pod carries, read; `Unknown` when the injector did not write it.
+fn recorded_status(inj: &Injector, recorded: &str) -> Result<Status, PodState> {
+    serde_json::from_str::<Status>(recorded).map_err(|_| PodState::Unknown {
+        reason: format!(
+            "annotation {} is not a status the injector wrote",
+            inj.config.status_annotation
+        ),
+    })
+}
+
+/// What the current configuration injects into an injected pod, or its state when that is
+/// nothing (no longer opted in, skipped by a rule) or cannot be told.
+fn injected_now(inj: &Injector, facts: &PodFacts<'_>) -> Result<Plan, PodState> {
+    match decide(inj, facts) {
+        Err(error) => Err(PodState::Unknown {
+            reason: error.to_string(),
+        }),
         Ok(Decision::NotOptedIn) => {
-            let reason = match opt_in(inj, &facts) {
+            let reason = match opt_in(inj, facts) {
                 Err(reason) => reason,
                 Ok(_) => "it is no longer opted in".to_owned(),
             };
-            return Some(PodState::Outdated {
+            Err(PodState::Outdated {
                 changes: vec![Change::NotInjectedNow { reason }],
-            });
+            })
         }
-        Ok(Decision::Skip(reason)) => {
-            return Some(PodState::Outdated {
-                changes: vec![Change::NotInjectedNow {
-                    reason: reason.to_string(),
-                }],
-            });
-        }
-        Ok(Decision::Inject(plan)) => plan,
-    };
+        Ok(Decision::Skip(reason)) => Err(PodState::Outdated {
+            changes: vec![Change::NotInjectedNow {
+                reason: reason.to_string(),
+            }],
+        }),
+        Ok(Decision::Inject(plan)) => Ok(plan),
+    }
+}
+
+/// The pod's recorded injection against what would be injected now: current, or outdated and
+/// what changed.
+fn against_plan(pod: &Pod, status: &Status, plan: &Plan) -> PodState {
     let wanted: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
     let hash = serde_json::from_str::<Status>(&plan.status.text)
         .map(|s| s.hash)
         .unwrap_or_default();
     if status.hash == hash && status.templates == wanted {
-        return Some(PodState::Current);
+        return PodState::Current;
     }
-    let mut changes = Vec::new();
-    for name in &wanted {
-        if !status.templates.iter().any(|t| t == name) {
-            changes.push(Change::Added {
-                template: (*name).to_owned(),
-            });
-        }
-    }
-    for name in &status.templates {
-        if !wanted.contains(&name.as_str()) {
-            changes.push(Change::Removed {
-                template: name.clone(),
-            });
-        }
-    }
+    let mut changes = membership_changes(status, &wanted);
     let kept: BTreeSet<&str> = status.kept.iter().map(String::as_str).collect();
     let common: Vec<&Rendered> = plan
         .templates
@@ -256,7 +267,28 @@ pub fn check(
             templates: common.iter().map(|t| t.name.clone()).collect(),
         });
     }
-    Some(PodState::Outdated { changes })
+    PodState::Outdated { changes }
+}
+
+/// The templates the pod would get now but was not injected with, then those it was injected
+/// with but would not get now.
+fn membership_changes(status: &Status, wanted: &[&str]) -> Vec<Change> {
+    let mut changes = Vec::new();
+    for name in wanted {
+        if !status.templates.iter().any(|t| t == name) {
+            changes.push(Change::Added {
+                template: (*name).to_owned(),
+            });
+        }
+    }
+    for name in &status.templates {
+        if !wanted.contains(&name.as_str()) {
+            changes.push(Change::Removed {
+                template: name.clone(),
+            });
+        }
+    }
+    changes
 }
 
 /// How one template's current rendering differs from what the pod carries, if it does.

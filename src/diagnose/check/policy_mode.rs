@@ -44,7 +44,7 @@ impl Replicas {
 
 /// What was read of an installation in policy mode.
 #[derive(Clone, Debug)]
-pub struct Seen {
+pub struct PolicyModeRead {
     /// The policy's (and its binding's) name, `sidecar-injector[-<revision>]`.
     pub name: String,
     /// The keeper's Deployment; `Missing` when the policies came from
@@ -83,7 +83,7 @@ pub fn no_webhooks(kind: &str, release: &str, policy: &str) -> Finding {
 }
 
 /// The policy and its binding against the running configuration's `digest`, and the keeper.
-pub fn judge(inst: &Installation, digest: &str, seen: &Seen) -> Vec<Finding> {
+pub fn judge(inst: &Installation, digest: &str, seen: &PolicyModeRead) -> Vec<Finding> {
     let name = &seen.name;
     let version = seen
         .api_version
@@ -174,8 +174,8 @@ mod tests {
         }
     }
 
-    fn seen(keeper: Got<Replicas>, policy: Got<BTreeMap<String, String>>) -> Seen {
-        Seen {
+    fn seen(keeper: Got<Replicas>, policy: Got<BTreeMap<String, String>>) -> PolicyModeRead {
+        PolicyModeRead {
             name: "p".into(),
             keeper,
             api_version: Some("v1".into()),
