@@ -3,8 +3,8 @@
 //!
 //! - [`engine`] decides everything and does no I/O: a review (read through the borrowed
 //!   [`view`]) or a manifest, and a checked [`config`], go in; a patch, a verdict or the text a
-//!   command prints comes out ([`template`], [`overrides`], [`inject`], [`validate`],
-//!   [`review`], [`manifest`], [`explain`]).
+//!   command prints comes out ([`engine::context`], [`template`], [`overrides`], [`inject`],
+//!   [`validate`], [`review`], [`manifest`], [`explain`]).
 //! - [`diagnose`] judges what was read of a cluster, with the engine's decisions and no I/O
 //!   either: [`outdated`] a cluster's pods, [`diagnose::check`] an installation.
 //! - [`server`]: the webhook and admin servers (sockets, TLS, reloads, limits, shutdown).
