@@ -2,8 +2,9 @@
 //!
 //! A shell around the engine. It owns the flags, reading the files and standard input a
 //! command names (`stdio`), standard output and exit statuses; every answer comes from
-//! [`crate::engine`]. `serve` runs [`crate::server`]; [`outdated`] and [`check`] hold the
-//! API-server calls. Nothing in the library imports `cli`: `main.rs` runs it.
+//! [`crate::engine`], or for `check` and `outdated` from [`crate::diagnose`]. `serve` runs
+//! [`crate::server`]; [`outdated`] and [`check`] hold the API-server calls. Nothing in the
+//! library imports `cli`: `main.rs` runs it.
 
 pub mod check;
 pub mod outdated;

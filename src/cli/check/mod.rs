@@ -17,7 +17,8 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 
 use crate::diagnose::check::{
-    self, Got, Installation, Observed, backstop, policy_mode, probe, target_key, tls, webhooks,
+    self, Got, Installation, Observed, backstop, endpoints, policy_mode, probe, target_key, tls,
+    webhooks,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -132,10 +133,10 @@ impl CheckArgs {
             entries.extend(webhooks::validating_entries(c));
         }
         let refs: Vec<&webhooks::WebhookEntry> = entries.iter().collect();
-        let (services, _) = webhooks::services(&refs);
+        let (services, _) = endpoints::services(&refs);
         let mut endpoints = Vec::new();
         for (ns, name) in &services {
-            endpoints.push(webhooks::ServiceEndpoints {
+            endpoints.push(endpoints::ServiceEndpoints {
                 namespace: ns.clone(),
                 name: name.clone(),
                 slices: cluster::endpoint_slices(&client, ns, name).await,

@@ -1,7 +1,8 @@
 //! `check`, the judging half: whether a live installation works, from the objects the CLI read.
 //!
-//! - [`webhooks`]: the two webhook configurations and their entries, the Service's ready
-//!   endpoints, and the other mutating webhooks that see the same pods (and their order).
+//! - [`webhooks`]: the two webhook configurations and their entries, and whether they pair up.
+//! - [`endpoints`](mod@endpoints): the Services the entries call, and their ready EndpointSlices.
+//! - [`others`]: the other mutating webhooks that see the same pods (and their order).
 //! - [`tls`]: whether each `caBundle` verifies the certificate the server serves, and when that
 //!   certificate expires.
 //! - [`backstop`]: whether the backstop is the export of the running configuration.
@@ -14,6 +15,8 @@
 //! per line out. The API calls, the TLS handshake and the clock are in `crate::cli::check`.
 
 pub mod backstop;
+pub mod endpoints;
+pub mod others;
 pub mod policy_mode;
 pub mod probe;
 pub mod tls;
@@ -249,7 +252,7 @@ pub struct Observed {
     pub config: Got<Injector>,
     pub mutating: Got<MutatingWebhookConfiguration>,
     pub validating: Got<ValidatingWebhookConfiguration>,
-    pub endpoints: Vec<webhooks::ServiceEndpoints>,
+    pub endpoints: Vec<endpoints::ServiceEndpoints>,
     /// The chain served behind each webhook target, by [`target_key`].
     pub served: BTreeMap<String, tls::Served>,
     /// `None` when the configuration could not be read (nothing to compare with).
@@ -397,8 +400,8 @@ fn configurations(o: &Observed, entries: &Entries) -> Vec<Finding> {
 
 /// The ready endpoints of every Service the entries call.
 fn endpoints(o: &Observed, entries: &Entries) -> Vec<Finding> {
-    let (_, urls) = webhooks::services(&entries.every());
-    webhooks::endpoints(&o.endpoints, &urls, &o.installation.release)
+    let (_, urls) = endpoints::services(&entries.every());
+    endpoints::endpoints(&o.endpoints, &urls, &o.installation.release)
 }
 
 /// Whether the dry-run pod came back injected as it should (a `caBundle` that does not verify
@@ -477,9 +480,9 @@ fn other_webhooks(o: &Observed, entries: &Entries) -> Vec<Finding> {
         .unwrap_or_default();
     // The exported MutatingAdmissionPolicy is always reinvoked IfNeeded.
     let (ours, reinvocation) = match &o.policy_mode {
-        Some(read) => (webhooks::Ours::Policy(&read.name), Some("IfNeeded")),
+        Some(read) => (others::Ours::Policy(&read.name), Some("IfNeeded")),
         None => (
-            webhooks::Ours::Webhook(&o.installation.release),
+            others::Ours::Webhook(&o.installation.release),
             entries
                 .mutating
                 .found()
@@ -487,7 +490,7 @@ fn other_webhooks(o: &Observed, entries: &Entries) -> Vec<Finding> {
                 .and_then(|e| e.reinvocation_policy.as_deref()),
         ),
     };
-    webhooks::others(&o.all_mutating, ours, &labels, reinvocation)
+    others::others(&o.all_mutating, ours, &labels, reinvocation)
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
-//! The webhook configurations: their entries as the chart writes them, the Service they call,
-//! and the other mutating webhooks that see the same pods.
+//! The injector's own webhook configurations: their entries as the chart writes them, and
+//! whether the mutating and validating entries pair up. The Services they call are in
+//! [`super::endpoints`](mod@super::endpoints); the other mutating webhooks, in [`super::others`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -7,10 +8,9 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
     ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::{Finding, Got, State, unread};
+use super::{Finding, Got, unread};
 
 /// Above this the API server makes every opted-in pod create wait too long on the webhook.
 pub const MAX_TIMEOUT_SECONDS: i32 = 10;
@@ -370,214 +370,14 @@ pub fn pairing(
     out
 }
 
-/// A Service the webhooks call, and what was read of its EndpointSlices.
-#[derive(Debug)]
-pub struct ServiceEndpoints {
-    pub namespace: String,
-    pub name: String,
-    pub slices: Got<Vec<EndpointSlice>>,
-}
-
-/// Every distinct Service the entries call, and every url.
-pub fn services(entries: &[&WebhookEntry]) -> (Vec<(String, String)>, Vec<String>) {
-    let mut services = BTreeSet::new();
-    let mut urls = BTreeSet::new();
-    for e in entries {
-        match (&e.client_config.service, &e.client_config.url) {
-            (Some(s), _) => {
-                services.insert((s.namespace.clone(), s.name.clone()));
-            }
-            (None, Some(url)) => {
-                urls.insert(url.clone());
-            }
-            (None, None) => {}
-        }
-    }
-    (services.into_iter().collect(), urls.into_iter().collect())
-}
-
-/// Check 2: each Service has ready endpoints; a url is reported (nothing to look at).
-pub fn endpoints(seen: &[ServiceEndpoints], urls: &[String], release: &str) -> Vec<Finding> {
-    let mut out = Vec::new();
-    for s in seen {
-        let subject = format!("Service {}", s.name);
-        if let Some(f) = unread(&s.slices, "endpoints", &subject) {
-            out.push(f);
-            continue;
-        }
-        let slices = s.slices.found().map(Vec::as_slice).unwrap_or_default();
-        let ready = slices
-            .iter()
-            .flat_map(|slice| &slice.endpoints)
-            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
-            .count();
-        out.push(if ready == 0 {
-            Finding::fail(
-                "endpoints",
-                subject,
-                "no ready endpoints: the API server has no server to call",
-            )
-            .fix(format!(
-                "kubectl -n {} get pods -l app.kubernetes.io/instance={release}",
-                s.namespace
-            ))
-        } else {
-            Finding::pass(
-                "endpoints",
-                subject,
-                format!(
-                    "{ready} ready endpoint{}",
-                    if ready == 1 { "" } else { "s" }
-                ),
-            )
-        });
-    }
-    // One line per server: the chart's entries differ only in their paths.
-    let mut servers: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for url in urls {
-        let (server, path) = match url.find("://").map(|i| i + 3) {
-            Some(start) => match url[start..].find('/') {
-                Some(slash) => url.split_at(start + slash),
-                None => (url.as_str(), ""),
-            },
-            None => (url.as_str(), ""),
-        };
-        servers
-            .entry(server.to_owned())
-            .or_default()
-            .push(path.to_owned());
-    }
-    for (server, paths) in servers {
-        out.push(Finding::skip(
-            "endpoints",
-            "Service",
-            format!(
-                "the webhooks call {server} (url mode: {}): there is no Service to look at; the certificate check below dials it",
-                paths.join(", ")
-            ),
-        ));
-    }
-    out
-}
-
-/// Whether a selector can match some object whose labels include `labels` (requirements on
-/// other keys can always be met by some object).
-fn could_match(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> bool {
-    let Some(selector) = selector else {
-        return true;
-    };
-    for (k, v) in selector.match_labels.iter().flatten() {
-        if labels.get(k).is_some_and(|have| have != v) {
-            return false;
-        }
-    }
-    for e in selector.match_expressions.iter().flatten() {
-        let Some(have) = labels.get(&e.key) else {
-            continue;
-        };
-        let values = e.values.clone().unwrap_or_default();
-        let ok = match e.operator.as_str() {
-            "In" => values.contains(have),
-            "NotIn" => !values.contains(have),
-            "Exists" => true,
-            "DoesNotExist" => false,
-            _ => true,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    true
-}
-
-/// What injects, for [`others`]: the webhook configuration of that name, which the API server
-/// calls among the others by name; or the MutatingAdmissionPolicy of that name, which it runs
-/// before every mutating webhook (its admission plugin comes first).
-#[derive(Clone, Copy, Debug)]
-pub enum Ours<'a> {
-    Webhook(&'a str),
-    Policy(&'a str),
-}
-
-/// Check 6: the other mutating webhooks that are called for the same pod creates, in the
-/// order the API server calls them (by configuration name, then entry order).
-pub fn others(
-    all: &Got<Vec<MutatingWebhookConfiguration>>,
-    ours: Ours<'_>,
-    pod_labels: &BTreeMap<String, String>,
-    our_reinvocation: Option<&str>,
-) -> Vec<Finding> {
-    let subject = "other mutating webhooks";
-    if let Some(f) = unread(all, "otherWebhooks", subject) {
-        return vec![f];
-    }
-    let mut configs: Vec<&MutatingWebhookConfiguration> =
-        all.found().iter().flat_map(|v| v.iter()).collect();
-    configs.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-    let mut before = Vec::new();
-    let mut after = Vec::new();
-    let mut seen_ours = matches!(ours, Ours::Policy(_));
-    for c in configs {
-        let name = c.metadata.name.clone().unwrap_or_default();
-        if matches!(ours, Ours::Webhook(n) if n == name) {
-            seen_ours = true;
-            continue;
-        }
-        for w in c.webhooks.iter().flatten() {
-            if !matches_pod_create(w.rules.as_deref().unwrap_or_default())
-                || !could_match(w.object_selector.as_ref(), pod_labels)
-            {
-                continue;
-            }
-            let theirs = w.reinvocation_policy.as_deref().unwrap_or("Never");
-            let line = format!("{name}/{} (reinvocationPolicy {theirs})", w.name);
-            if seen_ours {
-                after.push(line);
-            } else {
-                before.push(line);
-            }
-        }
-    }
-    if before.is_empty() && after.is_empty() {
-        return vec![Finding::pass(
-            "otherWebhooks",
-            subject,
-            "none is called for the pods it injects",
-        )];
-    }
-    let mut message =
-        String::from("the API server calls them by configuration name, then entry order: ");
-    let mut order: Vec<String> = before.iter().map(|b| format!("{b} before ours")).collect();
-    order.push(match ours {
-        Ours::Webhook(name) => format!("ours ({name})"),
-        Ours::Policy(name) => {
-            format!("ours (MutatingAdmissionPolicy {name}: policies run before every webhook)")
-        }
-    });
-    order.extend(after.iter().map(|a| format!("{a} after ours")));
-    message.push_str(&order.join(", "));
-    if our_reinvocation == Some("IfNeeded") {
-        if !after.is_empty() {
-            message.push_str("; with reinvocationPolicy IfNeeded ours is called again after them, so it sees the containers they add");
-        }
-        vec![Finding::pass("otherWebhooks", subject, message)]
-    } else {
-        if after.is_empty() {
-            return vec![Finding::pass("otherWebhooks", subject, message)];
-        }
-        vec![Finding::new("otherWebhooks", State::Warn, subject, format!(
-            "{message}; ours does not have reinvocationPolicy IfNeeded, so it never sees the containers they add"
-        ))
-        .fix("set reinvocationPolicy: IfNeeded on our entries (the chart does)")]
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+    use crate::diagnose::check::State;
     use serde_json::json;
 
-    fn chart_mutating(timeout: i32) -> MutatingWebhookConfiguration {
+    /// The chart's MutatingWebhookConfiguration; the tests of `others` use it too.
+    pub(in crate::diagnose::check) fn chart_mutating(timeout: i32) -> MutatingWebhookConfiguration {
         serde_json::from_value(json!({
             "metadata": {"name": "sidecar-injector"},
             "webhooks": [
@@ -733,141 +533,6 @@ mod tests {
         assert_eq!(
             forbidden[0].line(),
             "- MutatingWebhookConfiguration r: skipped: you lack the right to get mutatingwebhookconfigurations"
-        );
-    }
-
-    fn slice(ready: &[Option<bool>]) -> EndpointSlice {
-        serde_json::from_value(json!({
-            "addressType": "IPv4",
-            "endpoints": ready.iter().map(|r| json!({"addresses": ["10.0.0.1"], "conditions": {"ready": r}})).collect::<Vec<_>>(),
-        }))
-        .expect("an EndpointSlice")
-    }
-
-    #[test]
-    fn endpoints_count_ready_ones_and_urls_are_skipped() {
-        let seen = |slices| ServiceEndpoints {
-            namespace: "si".into(),
-            name: "sidecar-injector".into(),
-            slices,
-        };
-        let none = endpoints(
-            &[seen(Got::Found(vec![slice(&[Some(false)])]))],
-            &[],
-            "sidecar-injector",
-        );
-        assert_eq!(
-            none[0].line(),
-            "✗ Service sidecar-injector: no ready endpoints: the API server has no server to call — kubectl -n si get pods -l app.kubernetes.io/instance=sidecar-injector"
-        );
-        let two = endpoints(
-            &[seen(Got::Found(vec![slice(&[
-                Some(true),
-                None,
-                Some(false),
-            ])]))],
-            &[],
-            "r",
-        );
-        assert_eq!(
-            two[0].line(),
-            "✓ Service sidecar-injector: 2 ready endpoints"
-        );
-        let url = endpoints(
-            &[],
-            &[
-                "https://127.0.0.1:8443/mutate".into(),
-                "https://127.0.0.1:8443/validate".into(),
-            ],
-            "r",
-        );
-        assert_eq!(url.len(), 1);
-        assert_eq!(url[0].state, State::Skip);
-        assert!(
-            url[0]
-                .message
-                .contains("https://127.0.0.1:8443 (url mode: /mutate, /validate)"),
-            "{}",
-            url[0].message
-        );
-    }
-
-    fn other(
-        name: &str,
-        selector: serde_json::Value,
-        reinvocation: &str,
-    ) -> MutatingWebhookConfiguration {
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "webhooks": [{
-                "name": format!("{name}.example.com"),
-                "admissionReviewVersions": ["v1"],
-                "clientConfig": {"url": "https://x"},
-                "sideEffects": "None",
-                "objectSelector": selector,
-                "reinvocationPolicy": reinvocation,
-                "rules": [{"apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "operations": ["*"]}],
-            }]
-        }))
-        .expect("a MutatingWebhookConfiguration")
-    }
-
-    #[test]
-    fn other_webhooks_are_listed_in_call_order() {
-        let labels: BTreeMap<String, String> =
-            [("sidecar-injector.io/inject".to_owned(), "true".to_owned())].into();
-        let all = Got::Found(vec![
-            other("zz-adder", json!({}), "Never"),
-            chart_mutating(5),
-            other("aa-mesh", json!({"matchLabels": {"app": "x"}}), "IfNeeded"),
-            // Never sees our pods: it wants the label absent.
-            other(
-                "bb-other",
-                json!({"matchExpressions": [{"key": "sidecar-injector.io/inject", "operator": "DoesNotExist"}]}),
-                "Never",
-            ),
-        ]);
-        let found = others(
-            &all,
-            Ours::Webhook("sidecar-injector"),
-            &labels,
-            Some("IfNeeded"),
-        );
-        assert_eq!(found.len(), 1);
-        assert_eq!(found[0].state, State::Pass);
-        assert_eq!(
-            found[0].message,
-            "the API server calls them by configuration name, then entry order: aa-mesh/aa-mesh.example.com (reinvocationPolicy IfNeeded) before ours, ours (sidecar-injector), zz-adder/zz-adder.example.com (reinvocationPolicy Never) after ours; with reinvocationPolicy IfNeeded ours is called again after them, so it sees the containers they add"
-        );
-        let never = others(
-            &all,
-            Ours::Webhook("sidecar-injector"),
-            &labels,
-            Some("Never"),
-        );
-        assert_eq!(never[0].state, State::Warn);
-        let alone = others(
-            &Got::Found(vec![chart_mutating(5)]),
-            Ours::Webhook("sidecar-injector"),
-            &labels,
-            Some("IfNeeded"),
-        );
-        assert_eq!(
-            alone[0].line(),
-            "✓ other mutating webhooks: none is called for the pods it injects"
-        );
-        // In policy mode every webhook comes after the policy, which is called again after them.
-        let policy = others(
-            &all,
-            Ours::Policy("sidecar-injector"),
-            &labels,
-            Some("IfNeeded"),
-        );
-        assert_eq!(policy[0].state, State::Pass);
-        assert!(
-            policy[0].message.contains("ours (MutatingAdmissionPolicy sidecar-injector: policies run before every webhook), aa-mesh/aa-mesh.example.com (reinvocationPolicy IfNeeded) after ours, sidecar-injector/inject.sidecar-injector.io"),
-            "{}",
-            policy[0].message
         );
     }
 }
