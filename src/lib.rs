@@ -6,6 +6,9 @@
 //!   command prints comes out ([`template`], [`overrides`], [`inject`], [`validate`],
 //!   [`review`], [`manifest`], [`explain`], [`outdated`], which judges a cluster's pods, and
 //!   [`engine::check`], which judges an installation).
+//! - [`export`] writes the configuration as admission policies that run inside the API server
+//!   (a ValidatingAdmissionPolicy backstop, a MutatingAdmissionPolicy); pure like the engine,
+//!   whose decisions it renders in CEL.
 //! - [`server`]: the webhook and admin servers (sockets, TLS, reloads, limits, shutdown).
 //! - [`cli`]: the commands, `serve`, `inject`, `review`, `explain`, `outdated`, `export` and
 //!   `check` (whose API-server calls live in [`cli::outdated`] and [`cli::check`]).
@@ -17,6 +20,7 @@
 
 pub mod cli;
 pub mod engine;
+pub mod export;
 pub mod load;
 pub mod server;
 

@@ -386,7 +386,7 @@ pub fn judge(o: &Observed) -> Report {
 
     if let (Got::Found(inj), Some(seen)) = (&o.config, &o.backstop) {
         out.extend(backstop::judge(
-            &format!("{}-backstop", crate::engine::policy::base_name(inj)),
+            &format!("{}-backstop", crate::export::base_name(inj)),
             &inj.digest,
             seen,
         ));

@@ -20,8 +20,8 @@ use sha2::{Digest as _, Sha256};
 
 use crate::engine::config::{Injector, NAMESPACE_ENABLED, ValidationMode};
 use crate::engine::inject::revision_name;
-use crate::engine::policy::symbolic::{Refusal, Symbolic};
 use crate::engine::template::{Fragment, TEMPLATE_SUFFIX};
+use crate::export::symbolic::{Refusal, Symbolic};
 
 /// The API version of `admissionregistration.k8s.io` a MutatingAdmissionPolicy is written in:
 /// `v1` from Kubernetes 1.36; `v1beta1` for 1.34-1.35 with the `MutatingAdmissionPolicy`

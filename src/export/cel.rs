@@ -9,8 +9,8 @@
 use serde_json::Value;
 
 use crate::engine::config::Injector;
-use crate::engine::policy::loops::{self, INT, LOOP_KEY, Piece};
-use crate::engine::policy::symbolic::{CLOSE, Exprs};
+use crate::export::loops::{self, INT, LOOP_KEY, Piece};
+use crate::export::symbolic::{CLOSE, Exprs};
 
 /// A CEL string literal.
 pub fn string(s: &str) -> String {

@@ -23,8 +23,8 @@ use serde_json::Value;
 
 use crate::engine::config::Injector;
 use crate::engine::overrides::{self, Kind};
-use crate::engine::policy::loops::{self, Elem, IterExpr, Renders, Ty};
 use crate::engine::template::{Fragment, TEMPLATE_SUFFIX};
+use crate::export::loops::{self, Elem, IterExpr, Renders, Ty};
 
 /// Opens and closes a marker in rendered text: private-use characters no template writes.
 pub const OPEN: char = '\u{E000}';
@@ -1616,7 +1616,7 @@ impl Walk<'_> {
 
     /// `overrides["<annotation>"]`: the pod's annotation, or the default. The webhook
     /// refuses a pod whose value the template does not allow, and the mutating policy leaves
-    /// such a pod to the backstop (see `policy::mutating`), so the value is one of those.
+    /// such a pod to the backstop (see `export::mutating`), so the value is one of those.
     fn override_value(&self, e: &Expr<'_>) -> Result<Read, (Span, String)> {
         let key = match e {
             Expr::GetItem(g) if matches!(&g.expr, Expr::Var(v) if v.id == "overrides") => g

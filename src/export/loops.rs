@@ -19,8 +19,8 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
-use crate::engine::policy::cel;
-use crate::engine::policy::symbolic::{CLOSE, OPEN};
+use crate::export::cel;
+use crate::export::symbolic::{CLOSE, OPEN};
 
 /// Opens a marker of a value an iteration reads (closed by [`CLOSE`]).
 pub const ITER: char = '\u{E002}';
