@@ -1,5 +1,5 @@
-//! Keeping the exported policies in step with the configuration served (`serve --backstop`,
-//! and `serve --mutating-policy` in policy mode).
+//! The keeper of the exported policies: both kept in step with the configuration served
+//! (`serve --backstop`, and `serve --mutating-policy` in policy mode).
 //!
 //! The backstop (a ValidatingAdmissionPolicy with its bindings, [`export::backstop`]) and, in
 //! policy mode, the MutatingAdmissionPolicy ([`export::mutating`]) are the export of the
