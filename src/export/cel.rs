@@ -1,16 +1,7 @@
-//! Writing CEL: literals, the fragment's values as typed object constructions, and the
-//! expressions both policies share (who is opted in, which templates a pod asks for).
-//!
-//! The API server's CEL checks that list and map literals are homogeneous, so a container
-//! cannot be a map literal: objects are written as `Object.spec.containers{...}`, their type
-//! named by their path in the pod, and only string-to-string fields (resources, labels) as
-//! maps.
-
-use serde_json::Value;
+//! Writing CEL: literals, and the expressions over the pod that both policies share (who is
+//! opted in, which templates a pod asks for, what of the pod templates see).
 
 use crate::engine::config::Injector;
-use crate::export::loops::{self, INT, LOOP_KEY, Piece};
-use crate::export::symbolic::{CLOSE, Exprs};
 
 /// A CEL string literal.
 pub fn string(s: &str) -> String {
@@ -37,135 +28,6 @@ pub fn string(s: &str) -> String {
 pub fn strings<'s>(items: impl IntoIterator<Item = &'s str>) -> String {
     let items: Vec<String> = items.into_iter().map(string).collect();
     format!("[{}]", items.join(", "))
-}
-
-/// A string of the fragment: literal text, with each marker's expression joined in, and each
-/// loop's output as its body repeated over its list (or its `else`).
-pub fn text(s: &str, exprs: &Exprs) -> Result<String, String> {
-    joined(&loops::parse(s)?, exprs)
-}
-
-fn joined(pieces: &[Piece], exprs: &Exprs) -> Result<String, String> {
-    let parts: Vec<String> = pieces
-        .iter()
-        .map(|p| match p {
-            Piece::Text(lit) => Ok(string(lit)),
-            Piece::Marker(n) => exprs
-                .markers
-                .get(*n)
-                .map(|e| format!("({e})"))
-                .ok_or_else(|| format!("marker {n} has no expression")),
-            Piece::Iter(j) => exprs.iter(*j, true).map(|e| format!("({e})")),
-            Piece::Loop { k, body, other } => {
-                let list = exprs.loops.get(*k).ok_or("an unknown loop")?;
-                let (i, v) = Exprs::vars(*k);
-                Ok(format!(
-                    "({list}.size() == 0 ? {} : {list}.transformList({i}, {v}, {}).join(\"\"))",
-                    joined(other, exprs)?,
-                    joined(body, exprs)?
-                ))
-            }
-        })
-        .collect::<Result<_, String>>()?;
-    Ok(match (parts.len(), pieces) {
-        (0, _) => "\"\"".into(),
-        // A value read of the pod alone may be typed dyn (an annotation), and list literals
-        // must be homogeneous (`args: ["--x", <annotation>]`): string() types it.
-        (1, [Piece::Marker(_)]) => format!("string{}", parts.concat()),
-        (1, _) => parts.concat(),
-        _ => format!("({})", parts.join(" + ")),
-    })
-}
-
-/// Fields of the pod's types whose values are maps of strings, not objects.
-const STRING_MAPS: &[&str] = &[
-    "limits",
-    "requests",
-    "labels",
-    "annotations",
-    "nodeSelector",
-    "volumeAttributes",
-];
-
-/// A value of the fragment, of the object type `ty` (e.g. `Object.spec.containers`) where it
-/// is an object.
-pub fn value(v: &Value, ty: &str, exprs: &Exprs) -> Result<String, String> {
-    Ok(match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
-        Value::Number(n) => return Err(format!("the number {n} is not an integer")),
-        Value::String(s) => match s
-            .strip_prefix(INT)
-            .and_then(|r| r.strip_suffix(CLOSE))
-            .and_then(|n| n.parse::<usize>().ok())
-        {
-            // A whole number an iteration computes (a port).
-            Some(j) => exprs.iter(j, false)?,
-            None => text(s, exprs)?,
-        },
-        Value::Array(items) => {
-            // Runs of fixed items, and each loop's items in between.
-            let mut segments = Vec::new();
-            let mut run = Vec::new();
-            for i in items {
-                match i.get(LOOP_KEY).and_then(Value::as_u64) {
-                    Some(k) => {
-                        if !run.is_empty() {
-                            segments.push(format!("[{}]", std::mem::take(&mut run).join(", ")));
-                        }
-                        let k = k as usize;
-                        let list = exprs.loops.get(k).ok_or("an unknown loop")?;
-                        let (ix, it) = Exprs::vars(k);
-                        let items = |key: &str| -> Result<Vec<String>, String> {
-                            i[key]
-                                .as_array()
-                                .into_iter()
-                                .flatten()
-                                .map(|e| value(e, ty, exprs))
-                                .collect()
-                        };
-                        let (each, other) = (items("each")?, items("else")?);
-                        let repeated = match &each[..] {
-                            [one] => format!("{list}.transformList({ix}, {it}, {one})"),
-                            many => format!(
-                                "{list}.transformList({ix}, {it}, [{}]).flatten()",
-                                many.join(", ")
-                            ),
-                        };
-                        segments.push(format!(
-                            "({list}.size() == 0 ? [{}] : {repeated})",
-                            other.join(", ")
-                        ));
-                    }
-                    None => run.push(value(i, ty, exprs)?),
-                }
-            }
-            if !run.is_empty() || segments.is_empty() {
-                segments.push(format!("[{}]", run.join(", ")));
-            }
-            segments.join(" + ")
-        }
-        Value::Object(fields) => {
-            let last = ty.rsplit('.').next().unwrap_or("");
-            if STRING_MAPS.contains(&last) {
-                let entries: Vec<String> = fields
-                    .iter()
-                    .map(|(k, v)| match v {
-                        Value::String(s) => Ok(format!("{}: {}", string(k), text(s, exprs)?)),
-                        other => Err(format!("{last}.{k} is {other}, not a string")),
-                    })
-                    .collect::<Result<_, _>>()?;
-                format!("{{{}}}", entries.join(", "))
-            } else {
-                let entries: Vec<String> = fields
-                    .iter()
-                    .map(|(k, v)| Ok(format!("{k}: {}", value(v, &format!("{ty}.{k}"), exprs)?)))
-                    .collect::<Result<_, String>>()?;
-                format!("{ty}{{{}}}", entries.join(", "))
-            }
-        }
-    })
 }
 
 /// A JSON pointer token.
@@ -202,6 +64,9 @@ pub fn excluded(inj: &Injector) -> Vec<String> {
     all.dedup();
     all
 }
+
+/// What a ServiceAccount token volume looks like (its name is random; the status leaves it out).
+pub const TOKEN_VOLUME: &str = "(v.name.startsWith(\"kube-api-access-\") && has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(s, has(s.serviceAccountToken)))";
 
 /// Whether the pod is a Windows pod, as the webhook tells.
 pub const WINDOWS: &str = "(has(object.spec) && ((has(object.spec.os) && has(object.spec.os.name) && object.spec.os.name == \"windows\") || (has(object.spec.nodeSelector) && \"kubernetes.io/os\" in object.spec.nodeSelector && object.spec.nodeSelector[\"kubernetes.io/os\"] == \"windows\")))";

@@ -20,27 +20,9 @@ use std::collections::BTreeSet;
 use serde_json::{Value, json};
 
 use crate::export::cel;
-use crate::export::symbolic::{CLOSE, OPEN};
-
-/// Opens a marker of a value an iteration reads (closed by [`CLOSE`]).
-pub const ITER: char = '\u{E002}';
-/// Open, split and close a loop's output in a string: `LOOP_OPEN k CLOSE body LOOP_ELSE else
-/// LOOP_END`.
-pub const LOOP_OPEN: char = '\u{E003}';
-pub const LOOP_ELSE: char = '\u{E004}';
-pub const LOOP_END: char = '\u{E005}';
-/// Opens a marker that is a whole value of type int (a `containerPort`).
-pub const INT: char = '\u{E006}';
-/// The key of the object that stands for a loop's items in a list.
-pub const LOOP_KEY: &str = "\u{E003}loop";
-
-/// Integer markers: `INT_BASE + 10 * emit + iteration`. Within i32, far from any port.
-pub const INT_BASE: i64 = 1_100_000_000;
-
-/// Whether a rendered string holds anything the policy computes.
-pub fn symbolic(s: &str) -> bool {
-    s.contains([OPEN, ITER, LOOP_OPEN, INT])
-}
+use crate::export::markers::{
+    self, CLOSE, ITER, LOOP_ELSE, LOOP_END, LOOP_KEY, LOOP_OPEN, Piece, int_marker, parse,
+};
 
 /// What an item of a pod's list is, as templates see it (see `inject::project_spec`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -254,83 +236,6 @@ fn literal(v: &Value) -> String {
     }
 }
 
-/// A string of the fragment, read back into its parts.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Piece {
-    Text(String),
-    /// A value read of the pod (symbolic's markers).
-    Marker(usize),
-    /// A value one iteration reads.
-    Iter(usize),
-    Loop {
-        k: usize,
-        body: Vec<Piece>,
-        other: Vec<Piece>,
-    },
-}
-
-/// Reads a string with markers and loops into its parts.
-pub fn parse(s: &str) -> Result<Vec<Piece>, String> {
-    let mut pieces = Vec::new();
-    let mut stack: Vec<(usize, Vec<Piece>, Option<Vec<Piece>>)> = Vec::new();
-    let mut text = String::new();
-    let mut chars = s.chars().peekable();
-    let number = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| -> Result<usize, String> {
-        let mut n = String::new();
-        for c in chars.by_ref() {
-            if c == CLOSE {
-                return n.parse().map_err(|_| format!("a broken marker {n:?}"));
-            }
-            n.push(c);
-        }
-        Err("an unclosed marker".into())
-    };
-    let flush = |text: &mut String, pieces: &mut Vec<Piece>| {
-        if !text.is_empty() {
-            pieces.push(Piece::Text(std::mem::take(text)));
-        }
-    };
-    while let Some(c) = chars.next() {
-        match c {
-            OPEN | ITER | LOOP_OPEN => {
-                flush(&mut text, &mut pieces);
-                let n = number(&mut chars)?;
-                match c {
-                    OPEN => pieces.push(Piece::Marker(n)),
-                    ITER => pieces.push(Piece::Iter(n)),
-                    _ => {
-                        if !stack.is_empty() {
-                            return Err("a loop inside a loop".into());
-                        }
-                        stack.push((n, std::mem::take(&mut pieces), None));
-                    }
-                }
-            }
-            LOOP_ELSE => {
-                flush(&mut text, &mut pieces);
-                let Some(top) = stack.last_mut() else {
-                    return Err("an else outside a loop".into());
-                };
-                top.2 = Some(std::mem::take(&mut pieces));
-            }
-            LOOP_END => {
-                flush(&mut text, &mut pieces);
-                let Some((k, outer, Some(body))) = stack.pop() else {
-                    return Err("a loop end outside a loop".into());
-                };
-                let other = std::mem::replace(&mut pieces, outer);
-                pieces.push(Piece::Loop { k, body, other });
-            }
-            c => text.push(c),
-        }
-    }
-    if !stack.is_empty() {
-        return Err("an unclosed loop".into());
-    }
-    flush(&mut text, &mut pieces);
-    Ok(pieces)
-}
-
 /// A loop's place in the fragment: one string or one list, found by [`region`].
 #[derive(Clone, Debug, PartialEq)]
 struct Region {
@@ -365,14 +270,6 @@ fn retag(v: &Value, iters: &BTreeSet<usize>) -> Value {
         ),
         other => other.clone(),
     }
-}
-
-/// `(emit, iteration)` of an integer marker.
-fn int_marker(n: i64) -> Option<(usize, usize)> {
-    let d = n.checked_sub(INT_BASE)?;
-    (0..100_000_000)
-        .contains(&d)
-        .then_some(((d / 10) as usize, (d % 10) as usize))
 }
 
 fn retag_str(s: &str, iters: &BTreeSet<usize>) -> String {
@@ -575,8 +472,7 @@ pub fn build(renders: &Renders, iters_of: &[BTreeSet<usize>]) -> Result<Value, (
             (Value::String(s), Value::String(other)) => {
                 let chars: Vec<char> = s.chars().collect();
                 let mut new: String = chars[..r.at].iter().collect();
-                new.push(LOOP_OPEN);
-                new.push_str(&format!("{k}{CLOSE}"));
+                new.push_str(&markers::loop_open(*k));
                 new.extend(&chars[r.at..r.at + r.len]);
                 new.push(LOOP_ELSE);
                 new.push_str(other);
@@ -631,7 +527,7 @@ fn untag(v: &Value, inside: Option<usize>, owner: &[usize]) -> Result<Value, (us
         Value::Number(n) => match n.as_i64().and_then(int_marker) {
             Some((j, _)) => {
                 check(j, inside)?;
-                Value::String(format!("{INT}{j}{CLOSE}"))
+                Value::String(markers::int(j))
             }
             None => v.clone(),
         },
@@ -649,7 +545,7 @@ fn untag(v: &Value, inside: Option<usize>, owner: &[usize]) -> Result<Value, (us
                         .parse()
                         .map_err(|_| (usize::MAX, "a broken marker".to_owned()))?;
                     check(j, inside)?;
-                    out.push_str(&format!("{ITER}{j}{CLOSE}"));
+                    out.push_str(&markers::iter(j));
                     rest = after.get(end + CLOSE.len_utf8()..).unwrap_or("");
                 } else if c.is_ascii_digit() {
                     let len = rest
@@ -659,7 +555,7 @@ fn untag(v: &Value, inside: Option<usize>, owner: &[usize]) -> Result<Value, (us
                     match digits.parse::<i64>().ok().and_then(int_marker) {
                         Some((j, _)) => {
                             check(j, inside)?;
-                            out.push_str(&format!("{ITER}{j}{CLOSE}"));
+                            out.push_str(&markers::iter(j));
                         }
                         None => out.push_str(digits),
                     }
@@ -718,14 +614,11 @@ pub fn instantiate(
     };
     Ok(match v {
         Value::String(s) => {
-            if let Some(j) = s
-                .strip_prefix(INT)
-                .and_then(|r| r.strip_suffix(CLOSE))
-                .and_then(|n| n.parse::<usize>().ok())
-            {
+            if let Some(j) = markers::int_ref(s) {
                 return eval(j, at);
             }
-            Value::String(expand(&parse(s)?, lists, iters, at)?)
+            let pieces = parse(s).map_err(|e| e.to_string())?;
+            Value::String(expand(&pieces, lists, iters, at)?)
         }
         Value::Array(items) => {
             let mut out = Vec::new();
@@ -773,7 +666,7 @@ fn expand(
     for p in pieces {
         match p {
             Piece::Text(t) => out.push_str(t),
-            Piece::Marker(i) => out.push_str(&format!("{OPEN}{i}{CLOSE}")),
+            Piece::Marker(i) => out.push_str(&markers::marker(*i)),
             Piece::Iter(j) => {
                 let (_, e) = iters.get(*j).ok_or("an unknown marker")?;
                 out.push_str(&text(
@@ -802,6 +695,7 @@ fn expand(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::markers::INT_BASE;
 
     #[test]
     fn a_string_loop_is_found_between_what_its_iterations_share() {

@@ -13,6 +13,7 @@
 
 pub mod cel;
 pub mod loops;
+pub mod markers;
 pub mod symbolic;
 
 use serde_json::{Value, json};
@@ -21,6 +22,7 @@ use sha2::{Digest as _, Sha256};
 use crate::engine::config::{Injector, NAMESPACE_ENABLED, ValidationMode};
 use crate::engine::inject::revision_name;
 use crate::engine::template::{Fragment, TEMPLATE_SUFFIX};
+use crate::export::cel::TOKEN_VOLUME;
 use crate::export::symbolic::{Refusal, Symbolic};
 
 /// The API version of `admissionregistration.k8s.io` a MutatingAdmissionPolicy is written in:
@@ -238,9 +240,6 @@ fn sidecars_by_template(all: &[(String, Fragment)]) -> String {
     format!("{{{}}}", entries.join(", "))
 }
 
-/// What a ServiceAccount token volume looks like (its name is random; the status leaves it out).
-pub(crate) const TOKEN_VOLUME: &str = "(v.name.startsWith(\"kube-api-access-\") && has(v.projected) && has(v.projected.sources) && v.projected.sources.exists(s, has(s.serviceAccountToken)))";
-
 /// The ValidatingAdmissionPolicy and its bindings.
 /// `images`: also refuse a sidecar whose image is not the one its template fixes. Off unless
 /// asked: such a backstop must change in the same instant as the injector's configuration (a
@@ -304,7 +303,11 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
                         ))
                     ));
                 }
-                if let Some(image) = c.image.as_deref().filter(|i| images && !loops::symbolic(i)) {
+                if let Some(image) = c
+                    .image
+                    .as_deref()
+                    .filter(|i| images && !markers::symbolic(i))
+                {
                     problems.push(format!(
                         "({guard} && {found} && (!has(c.image) || c.image != {}))) ? {} : \"\"",
                         cel::string(image),
@@ -580,7 +583,7 @@ pub fn mutating(
             }
             let items: Vec<String> = items
                 .iter()
-                .map(|i| cel::value(i, ty, &s.exprs).map_err(|r| refused(name, r)))
+                .map(|i| symbolic::value(i, ty, &s.exprs).map_err(|r| refused(name, r)))
                 .collect::<Result<_, _>>()?;
             entries.push(format!("{}: [{}]", cel::string(name), items.join(", ")));
         }
@@ -680,7 +683,7 @@ pub fn mutating(
                 if map == "annotations" && *k == cfg.status_annotation {
                     continue;
                 }
-                let v = cel::text(v.as_str().unwrap_or_default(), &s.exprs)
+                let v = symbolic::text(v.as_str().unwrap_or_default(), &s.exprs)
                     .map_err(|r| refused(name, r))?;
                 keys.entry(k.as_str()).or_default().push((name.as_str(), v));
             }

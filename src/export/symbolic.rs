@@ -24,11 +24,9 @@ use serde_json::Value;
 use crate::engine::config::Injector;
 use crate::engine::overrides::{self, Kind};
 use crate::engine::template::{Fragment, TEMPLATE_SUFFIX};
+use crate::export::cel;
 use crate::export::loops::{self, Elem, IterExpr, Renders, Ty};
-
-/// Opens and closes a marker in rendered text: private-use characters no template writes.
-pub const OPEN: char = '\u{E000}';
-pub const CLOSE: char = '\u{E001}';
+use crate::export::markers::{self, LOOP_KEY, Piece, iteration_marker, marker};
 
 /// A template as the policy writes it.
 #[derive(Debug)]
@@ -68,6 +66,131 @@ impl Exprs {
             false => e.cel(&i, &v, list),
         })
     }
+}
+
+/// A string of the fragment: literal text, with each marker's expression joined in, and each
+/// loop's output as its body repeated over its list (or its `else`).
+pub fn text(s: &str, exprs: &Exprs) -> Result<String, String> {
+    joined(&markers::parse(s).map_err(|e| e.to_string())?, exprs)
+}
+
+fn joined(pieces: &[Piece], exprs: &Exprs) -> Result<String, String> {
+    let parts: Vec<String> = pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Text(lit) => Ok(cel::string(lit)),
+            Piece::Marker(n) => exprs
+                .markers
+                .get(*n)
+                .map(|e| format!("({e})"))
+                .ok_or_else(|| format!("marker {n} has no expression")),
+            Piece::Iter(j) => exprs.iter(*j, true).map(|e| format!("({e})")),
+            Piece::Loop { k, body, other } => {
+                let list = exprs.loops.get(*k).ok_or("an unknown loop")?;
+                let (i, v) = Exprs::vars(*k);
+                Ok(format!(
+                    "({list}.size() == 0 ? {} : {list}.transformList({i}, {v}, {}).join(\"\"))",
+                    joined(other, exprs)?,
+                    joined(body, exprs)?
+                ))
+            }
+        })
+        .collect::<Result<_, String>>()?;
+    Ok(match (parts.len(), pieces) {
+        (0, _) => "\"\"".into(),
+        // A value read of the pod alone may be typed dyn (an annotation), and list literals
+        // must be homogeneous (`args: ["--x", <annotation>]`): string() types it.
+        (1, [Piece::Marker(_)]) => format!("string{}", parts.concat()),
+        (1, _) => parts.concat(),
+        _ => format!("({})", parts.join(" + ")),
+    })
+}
+
+/// Fields of the pod's types whose values are maps of strings, not objects.
+const STRING_MAPS: &[&str] = &[
+    "limits",
+    "requests",
+    "labels",
+    "annotations",
+    "nodeSelector",
+    "volumeAttributes",
+];
+
+/// A value of the fragment, of the object type `ty` (e.g. `Object.spec.containers`) where it
+/// is an object.
+pub fn value(v: &Value, ty: &str, exprs: &Exprs) -> Result<String, String> {
+    Ok(match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+        Value::Number(n) => return Err(format!("the number {n} is not an integer")),
+        Value::String(s) => match markers::int_ref(s) {
+            // A whole number an iteration computes (a port).
+            Some(j) => exprs.iter(j, false)?,
+            None => text(s, exprs)?,
+        },
+        Value::Array(items) => {
+            // Runs of fixed items, and each loop's items in between.
+            let mut segments = Vec::new();
+            let mut run = Vec::new();
+            for i in items {
+                match i.get(LOOP_KEY).and_then(Value::as_u64) {
+                    Some(k) => {
+                        if !run.is_empty() {
+                            segments.push(format!("[{}]", std::mem::take(&mut run).join(", ")));
+                        }
+                        let k = k as usize;
+                        let list = exprs.loops.get(k).ok_or("an unknown loop")?;
+                        let (ix, it) = Exprs::vars(k);
+                        let items = |key: &str| -> Result<Vec<String>, String> {
+                            i[key]
+                                .as_array()
+                                .into_iter()
+                                .flatten()
+                                .map(|e| value(e, ty, exprs))
+                                .collect()
+                        };
+                        let (each, other) = (items("each")?, items("else")?);
+                        let repeated = match &each[..] {
+                            [one] => format!("{list}.transformList({ix}, {it}, {one})"),
+                            many => format!(
+                                "{list}.transformList({ix}, {it}, [{}]).flatten()",
+                                many.join(", ")
+                            ),
+                        };
+                        segments.push(format!(
+                            "({list}.size() == 0 ? [{}] : {repeated})",
+                            other.join(", ")
+                        ));
+                    }
+                    None => run.push(value(i, ty, exprs)?),
+                }
+            }
+            if !run.is_empty() || segments.is_empty() {
+                segments.push(format!("[{}]", run.join(", ")));
+            }
+            segments.join(" + ")
+        }
+        Value::Object(fields) => {
+            let last = ty.rsplit('.').next().unwrap_or("");
+            if STRING_MAPS.contains(&last) {
+                let entries: Vec<String> = fields
+                    .iter()
+                    .map(|(k, v)| match v {
+                        Value::String(s) => Ok(format!("{}: {}", cel::string(k), text(s, exprs)?)),
+                        other => Err(format!("{last}.{k} is {other}, not a string")),
+                    })
+                    .collect::<Result<_, _>>()?;
+                format!("{{{}}}", entries.join(", "))
+            } else {
+                let entries: Vec<String> = fields
+                    .iter()
+                    .map(|(k, v)| Ok(format!("{k}: {}", value(v, &format!("{ty}.{k}"), exprs)?)))
+                    .collect::<Result<_, String>>()?;
+                format!("{ty}{{{}}}", entries.join(", "))
+            }
+        }
+    })
 }
 
 /// Why a template, or a part of it, cannot be exported.
@@ -224,7 +347,7 @@ pub fn read(inj: &Injector, name: &str) -> Result<Symbolic, Vec<Refusal>> {
                     }
                 }
                 (EditKind::Iter { j, tojson }, Mode::Times(_)) => {
-                    out.push_str(&iteration_marker(*j, iters[*j].1.ty()));
+                    out.push_str(&iteration_marker(*j, iters[*j].1.ty() == Ty::Int));
                     if *tojson {
                         out.push_str(" | tojson");
                     }
@@ -234,7 +357,7 @@ pub fn read(inj: &Injector, name: &str) -> Result<Symbolic, Vec<Refusal>> {
                     out.push_str(&format!(
                         "{{{{{} {} {}}}}}",
                         dash(*open),
-                        iteration_marker(*j, Ty::Str),
+                        iteration_marker(*j, false),
                         dash(*close)
                     ));
                 }
@@ -419,28 +542,12 @@ pub fn read(inj: &Injector, name: &str) -> Result<Symbolic, Vec<Refusal>> {
     })
 }
 
-/// A minijinja expression that writes a marker of value `j`, naming the iteration.
-fn iteration_marker(j: usize, ty: Ty) -> String {
-    match ty {
-        Ty::Int => format!("({} + loop.index0)", loops::INT_BASE + 10 * j as i64),
-        Ty::Str | Ty::Bool => format!(
-            "({} ~ loop.index0 ~ {})",
-            literal(&format!("{}{j}.", loops::ITER)),
-            literal(&CLOSE.to_string())
-        ),
-    }
-}
-
 /// Values a plain read (a label value, a name) may have that YAML reads as something else.
 const PLAIN_TRIALS: [&str; 6] = ["0", "1.5", "true", "null", "-", "x"];
 /// And what an annotation may hold besides.
 const ANY_TRIALS: [&str; 12] = [
     "0", "1.5", "true", "null", "-", "x", "a: b", "#c", "'\"", "[1]", "{a: 1}", "x\ny",
 ];
-
-pub fn marker(i: usize) -> String {
-    format!("{OPEN}{i}{CLOSE}")
-}
 
 /// A minijinja string literal.
 fn literal(text: &str) -> String {
@@ -712,7 +819,7 @@ fn ty_of(elem: Elem) -> Ty {
 /// A constant as a CEL literal.
 fn loops_literal(v: &Value) -> String {
     match v {
-        Value::String(s) => super::cel::string(s),
+        Value::String(s) => cel::string(s),
         Value::Array(items) => format!(
             "[{}]",
             items
@@ -1361,8 +1468,8 @@ impl Walk<'_> {
         let owned = self.inj.templates.owned();
         if let Some(p) = path(inner) {
             let p: Vec<&str> = p.iter().map(String::as_str).collect();
-            let sidecars = super::cel::strings(owned.sidecars.iter().map(String::as_str));
-            let volumes = super::cel::strings(owned.volumes.iter().map(String::as_str));
+            let sidecars = cel::strings(owned.sidecars.iter().map(String::as_str));
+            let volumes = cel::strings(owned.volumes.iter().map(String::as_str));
             return match p[..] {
                 ["spec", "containers"] => Ok((
                     format!("object.spec.containers.filter(c, !(c.name in {sidecars}))"),
@@ -1377,7 +1484,7 @@ impl Walk<'_> {
                 ["spec", "volumes"] => Ok((
                     format!(
                         "(has(object.spec.volumes) ? object.spec.volumes : []).filter(v, !(v.name in {volumes}) && !{})",
-                        super::TOKEN_VOLUME
+                        cel::TOKEN_VOLUME
                     ),
                     Elem::Volume,
                 )),
@@ -1640,11 +1747,11 @@ impl Walk<'_> {
                 "only `overrides[\"<annotation>\"]` of an override the template declares can be written as CEL".into(),
             ));
         };
-        let k = super::cel::string(&key);
+        let k = cel::string(&key);
         Ok(Read::Defined(Cel {
             text: format!(
                 "((has(object.metadata.annotations) && {k} in object.metadata.annotations) ? object.metadata.annotations[{k}] : {})",
-                super::cel::string(&spec.default.to_string())
+                cel::string(&spec.default.to_string())
             ),
             chars: Chars::Allowed(override_trials(&key, spec)),
         }))
@@ -1683,7 +1790,7 @@ impl Walk<'_> {
             Chars::Any
         };
         Ok(Cel {
-            text: super::cel::string(&text),
+            text: cel::string(&text),
             chars,
         })
     }
@@ -1722,7 +1829,7 @@ impl Walk<'_> {
                         format!("{key:?} is set by a template, so templates never see it"),
                     ));
                 }
-                let key = super::cel::string(key);
+                let key = cel::string(key);
                 Ok(Read::Maybe {
                     present: format!(
                         "(has(object.metadata.{map}) && {key} in object.metadata.{map})"
@@ -1860,36 +1967,12 @@ fn overrides(e: &Expr<'_>) -> bool {
     }
 }
 
-/// The markers in a string, with the text around them.
-pub fn pieces(s: &str) -> Vec<Result<&str, usize>> {
-    let mut out = Vec::new();
-    let mut rest = s;
-    while let Some(open) = rest.find(OPEN) {
-        let after = &rest[open + OPEN.len_utf8()..];
-        let Some(close) = after.find(CLOSE) else {
-            break;
-        };
-        let Ok(n) = after[..close].parse::<usize>() else {
-            break;
-        };
-        if open > 0 {
-            out.push(Ok(&rest[..open]));
-        }
-        out.push(Err(n));
-        rest = &after[close + CLOSE.len_utf8()..];
-    }
-    if !rest.is_empty() || out.is_empty() {
-        out.push(Ok(rest));
-    }
-    out
-}
-
 /// The marker numbers a fragment holds, for tests.
 #[cfg(test)]
 pub fn markers(f: &Fragment) -> std::collections::BTreeSet<usize> {
     fn walk(v: &Value, out: &mut std::collections::BTreeSet<usize>) {
         match v {
-            Value::String(s) => out.extend(pieces(s).into_iter().filter_map(|p| p.err())),
+            Value::String(s) => out.extend(markers::pieces(s).into_iter().filter_map(|p| p.err())),
             Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
             Value::Object(o) => o.values().for_each(|v| walk(v, out)),
             _ => {}
@@ -1995,11 +2078,11 @@ mod tests {
             .as_str()
             .unwrap_or_default();
         assert!(
-            arg.contains(loops::LOOP_OPEN) && arg.contains(loops::LOOP_ELSE),
+            arg.contains(markers::LOOP_OPEN) && arg.contains(markers::LOOP_ELSE),
             "{arg:?}"
         );
         let ports = &s.json["initContainers"][0]["ports"][0];
-        assert_eq!(ports[loops::LOOP_KEY], 1, "{ports}");
+        assert_eq!(ports[LOOP_KEY], 1, "{ports}");
         assert_eq!(ports["else"][0]["containerPort"], 100);
         // The port is an int in the list, a decimal in the text.
         let exprs = &s.exprs;
@@ -2007,12 +2090,12 @@ mod tests {
             .as_str()
             .unwrap_or_default();
         let j: usize = int
-            .trim_matches([loops::INT, CLOSE])
+            .trim_matches([markers::INT, markers::CLOSE])
             .parse()
             .expect("a marker");
         assert_eq!(exprs.iter(j, false), Ok("(100 + li1)".into()));
         assert_eq!(exprs.iter(j, true), Ok("string((100 + li1))".into()));
-        let cel = super::super::cel::text(arg, exprs).expect("CEL");
+        let cel = text(arg, exprs).expect("CEL");
         assert!(
             cel.contains(&format!(
                 "{list}.size() == 0 ? \" \\\"none\\\"\" : {list}.transformList(li0, lv0, "
@@ -2141,13 +2224,5 @@ mod tests {
         let src = "containers:\n  - name: s-{{ pod.labels.zz | default(\"a\") }}\n    image: x:1\n";
         let r = refusals(src);
         assert!(r[0].reason.contains("container's name"), "{}", r[0]);
-    }
-
-    #[test]
-    fn markers_split_back_into_text_and_expressions() {
-        let s = format!("a{}b{}", marker(3), marker(10));
-        assert_eq!(pieces(&s), vec![Ok("a"), Err(3), Ok("b"), Err(10)]);
-        assert_eq!(pieces("plain"), vec![Ok("plain")]);
-        assert_eq!(pieces(""), vec![Ok("")]);
     }
 }
