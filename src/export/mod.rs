@@ -503,7 +503,7 @@ fn sample_fragment(inj: &Injector, name: &str) -> Result<Fragment, ExportError> 
     inj.templates
         .sample(name)
         .map(|f| (*f).clone())
-        .map_err(|e| refused(name, e.to_string()))
+        .map_err(|e| refused(name, e))
 }
 
 /// The policy's stand-in for the status hash: CEL has no hash function, so the policy records
@@ -768,8 +768,8 @@ pub fn mutating(
     Ok(docs)
 }
 
-fn refused(name: &str, reason: String) -> ExportError {
-    ExportError::Refused(vec![(name.to_owned(), Refusal::whole(reason))])
+fn refused(name: &str, reason: impl std::fmt::Display) -> ExportError {
+    ExportError::Refused(vec![(name.to_owned(), Refusal::whole(reason.to_string()))])
 }
 
 /// The status annotation the webhook writes, as CEL: the templates injected, the export's

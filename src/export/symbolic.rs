@@ -50,6 +50,27 @@ pub struct Exprs {
     pub loops: Vec<String>,
 }
 
+/// Why a string or value of the fragment cannot be written as CEL.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CelError {
+    #[error("marker {0} has no expression")]
+    NoExpression(usize),
+    #[error("an unknown marker")]
+    UnknownMarker,
+    #[error("an unknown loop")]
+    UnknownLoop,
+    #[error("the number {0} is not an integer")]
+    NotAnInteger(serde_json::Number),
+    #[error("{map}.{key} is {value}, not a string")]
+    NotAString {
+        map: String,
+        key: String,
+        value: Value,
+    },
+    #[error(transparent)]
+    Marker(#[from] markers::MarkerError),
+}
+
 impl Exprs {
     /// The CEL names of loop `k`'s index and item.
     pub fn vars(k: usize) -> (String, String) {
@@ -57,10 +78,10 @@ impl Exprs {
     }
 
     /// Value `j` an iteration reads, as CEL of its type (`text`: as the text written).
-    pub fn iter(&self, j: usize, text: bool) -> Result<String, String> {
-        let (k, e) = self.iters.get(j).ok_or("an unknown marker")?;
+    pub fn iter(&self, j: usize, text: bool) -> Result<String, CelError> {
+        let (k, e) = self.iters.get(j).ok_or(CelError::UnknownMarker)?;
         let (i, v) = Self::vars(*k);
-        let list = self.loops.get(*k).ok_or("an unknown loop")?;
+        let list = self.loops.get(*k).ok_or(CelError::UnknownLoop)?;
         Ok(match text {
             true => e.text_cel(&i, &v, list),
             false => e.cel(&i, &v, list),
@@ -70,11 +91,11 @@ impl Exprs {
 
 /// A string of the fragment: literal text, with each marker's expression joined in, and each
 /// loop's output as its body repeated over its list (or its `else`).
-pub fn text(s: &str, exprs: &Exprs) -> Result<String, String> {
-    joined(&markers::parse(s).map_err(|e| e.to_string())?, exprs)
+pub fn text(s: &str, exprs: &Exprs) -> Result<String, CelError> {
+    joined(&markers::parse(s)?, exprs)
 }
 
-fn joined(pieces: &[Piece], exprs: &Exprs) -> Result<String, String> {
+fn joined(pieces: &[Piece], exprs: &Exprs) -> Result<String, CelError> {
     let parts: Vec<String> = pieces
         .iter()
         .map(|p| match p {
@@ -83,10 +104,10 @@ fn joined(pieces: &[Piece], exprs: &Exprs) -> Result<String, String> {
                 .markers
                 .get(*n)
                 .map(|e| format!("({e})"))
-                .ok_or_else(|| format!("marker {n} has no expression")),
+                .ok_or(CelError::NoExpression(*n)),
             Piece::Iter(j) => exprs.iter(*j, true).map(|e| format!("({e})")),
             Piece::Loop { k, body, other } => {
-                let list = exprs.loops.get(*k).ok_or("an unknown loop")?;
+                let list = exprs.loops.get(*k).ok_or(CelError::UnknownLoop)?;
                 let (i, v) = Exprs::vars(*k);
                 Ok(format!(
                     "({list}.size() == 0 ? {} : {list}.transformList({i}, {v}, {}).join(\"\"))",
@@ -95,7 +116,7 @@ fn joined(pieces: &[Piece], exprs: &Exprs) -> Result<String, String> {
                 ))
             }
         })
-        .collect::<Result<_, String>>()?;
+        .collect::<Result<_, CelError>>()?;
     Ok(match (parts.len(), pieces) {
         (0, _) => "\"\"".into(),
         // A value read of the pod alone may be typed dyn (an annotation), and list literals
@@ -118,12 +139,12 @@ const STRING_MAPS: &[&str] = &[
 
 /// A value of the fragment, of the object type `ty` (e.g. `Object.spec.containers`) where it
 /// is an object.
-pub fn value(v: &Value, ty: &str, exprs: &Exprs) -> Result<String, String> {
+pub fn value(v: &Value, ty: &str, exprs: &Exprs) -> Result<String, CelError> {
     Ok(match v {
         Value::Null => "null".into(),
         Value::Bool(b) => b.to_string(),
         Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
-        Value::Number(n) => return Err(format!("the number {n} is not an integer")),
+        Value::Number(n) => return Err(CelError::NotAnInteger(n.clone())),
         Value::String(s) => match markers::int_ref(s) {
             // A whole number an iteration computes (a port).
             Some(j) => exprs.iter(j, false)?,
@@ -140,9 +161,9 @@ pub fn value(v: &Value, ty: &str, exprs: &Exprs) -> Result<String, String> {
                             segments.push(format!("[{}]", std::mem::take(&mut run).join(", ")));
                         }
                         let k = k as usize;
-                        let list = exprs.loops.get(k).ok_or("an unknown loop")?;
+                        let list = exprs.loops.get(k).ok_or(CelError::UnknownLoop)?;
                         let (ix, it) = Exprs::vars(k);
-                        let items = |key: &str| -> Result<Vec<String>, String> {
+                        let items = |key: &str| -> Result<Vec<String>, CelError> {
                             i[key]
                                 .as_array()
                                 .into_iter()
@@ -178,7 +199,11 @@ pub fn value(v: &Value, ty: &str, exprs: &Exprs) -> Result<String, String> {
                     .iter()
                     .map(|(k, v)| match v {
                         Value::String(s) => Ok(format!("{}: {}", cel::string(k), text(s, exprs)?)),
-                        other => Err(format!("{last}.{k} is {other}, not a string")),
+                        other => Err(CelError::NotAString {
+                            map: last.to_owned(),
+                            key: k.clone(),
+                            value: other.clone(),
+                        }),
                     })
                     .collect::<Result<_, _>>()?;
                 format!("{{{}}}", entries.join(", "))
@@ -186,7 +211,7 @@ pub fn value(v: &Value, ty: &str, exprs: &Exprs) -> Result<String, String> {
                 let entries: Vec<String> = fields
                     .iter()
                     .map(|(k, v)| Ok(format!("{k}: {}", value(v, &format!("{ty}.{k}"), exprs)?)))
-                    .collect::<Result<_, String>>()?;
+                    .collect::<Result<_, CelError>>()?;
                 format!("{ty}{{{}}}", entries.join(", "))
             }
         }
@@ -442,7 +467,7 @@ pub fn read(inj: &Injector, name: &str) -> Result<Symbolic, Vec<Refusal>> {
         },
         &iters_of,
     )
-    .map_err(|(k, e)| vec![refuse_loop(k, e)])?;
+    .map_err(|m| vec![refuse_loop(m.k, m.error.to_string())])?;
     let mut refusals = Vec::new();
     for (i, e) in emits.iter().enumerate() {
         if !contains_marker(&json, i) {
