@@ -14,7 +14,11 @@
 pub mod cel;
 pub mod loops;
 pub mod markers;
+pub mod read;
 pub mod symbolic;
+mod translate;
+mod trials;
+mod walk;
 
 use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
@@ -109,7 +113,7 @@ fn read_all(inj: &Injector) -> Result<Vec<(String, Symbolic)>, ExportError> {
     let mut out = Vec::new();
     let mut refused = Vec::new();
     for name in names {
-        match symbolic::read(inj, &name) {
+        match read::read(inj, &name) {
             Ok(s) => out.push((name, s)),
             Err(rs) => refused.extend(rs.into_iter().map(|r| (name.clone(), r))),
         }
@@ -253,7 +257,7 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
     // on the pod (names, lists, restart policy, images without a value read of the pod).
     let symbolic: Vec<(String, Option<Symbolic>)> = names
         .iter()
-        .map(|n| (n.clone(), symbolic::read(inj, n).ok()))
+        .map(|n| (n.clone(), read::read(inj, n).ok()))
         .collect();
     let mut fragments = Vec::new();
     for (name, s) in &symbolic {
