@@ -2,14 +2,14 @@
 //! pod kept as a CEL expression over the admission request ([`Symbolic`]).
 //!
 //! The template's syntax tree says where it reads the pod (`pod.*`, `overrides`): the walk
-//! ([`super::walk`]) translates each `{{ ... }}` that does to CEL ([`super::translate`]) and
+//! (`walk.rs`) translates each `{{ ... }}` that does to CEL (`translate.rs`) and
 //! replaces it, in a copy of the source, by a marker string; the copy is rendered by the set's
 //! own environment and read as a fragment, so every constant part is exactly what the webhook
 //! renders. Loops over the pod's lists, and lists a template collects from them in a
 //! `namespace()`, become CEL lists ([`super::loops`]). A read that changes the fragment's shape
 //! in another way (a condition on the pod outside a loop, a value kept in a variable) cannot
 //! become a JSONPatch value and is refused with its line. Then the rendering is tried again
-//! with awkward values in place of each marker ([`super::trials`]): a value the webhook's YAML
+//! with awkward values in place of each marker (`trials.rs`): a value the webhook's YAML
 //! would read as another type or another structure is refused too, so that what the policy
 //! writes (always the string the CEL expression gives) is what the webhook writes.
 

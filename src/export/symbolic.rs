@@ -2,8 +2,8 @@
 //! (its rendering with markers, and the CEL of what each marker stands for), how its strings
 //! and values are written as CEL, and why a template, or a part of it, cannot be.
 //!
-//! The reading itself is in stages: [`super::translate`] (the template's expressions as CEL),
-//! [`super::walk`] (its syntax tree walked: where it reads the pod), [`super::trials`] (the
+//! The reading itself is in stages: `translate.rs` (the template's expressions as CEL),
+//! `walk.rs` (its syntax tree walked: where it reads the pod), `trials.rs` (the
 //! renderings and the trials with awkward values) and [`super::read`], which runs them.
 //!
 //! The API server's CEL checks that list and map literals are homogeneous, so a container
