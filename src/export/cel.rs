@@ -124,7 +124,7 @@ pub fn override_checks(inj: &Injector, name: &str) -> Vec<OverrideCheck> {
                 present: format!(
                     "(has(object.metadata.annotations) && {key} in object.metadata.annotations)"
                 ),
-                allowed: allowed(spec, &value),
+                allowed: spec.cel_test(&value, string),
                 message: format!(
                     "{} + {quoted} + {}",
                     string(&format!(
@@ -138,71 +138,4 @@ pub fn override_checks(inj: &Injector, name: &str) -> Vec<OverrideCheck> {
             }
         })
         .collect()
-}
-
-/// Whether `value` (a CEL string) is allowed by `spec`, as `overrides::check` tells: the
-/// canonical forms by regular expression, the bounds compared in the value's own unit so that
-/// no product overflows.
-fn allowed(spec: &crate::engine::overrides::Spec, value: &str) -> String {
-    use crate::engine::overrides::{Kind, bound};
-    const DIGITS: &str = "(0|[1-9][0-9]{0,17})";
-    // `n * unit` within the bounds, as conditions on `n`.
-    let within = |n: &str, unit: i128| -> String {
-        let mut out = Vec::new();
-        if let Some(min) = spec.min.as_ref().and_then(|b| bound(spec.kind, b)) {
-            let least = (min + unit - 1).div_euclid(unit);
-            out.push(match i64::try_from(least) {
-                Ok(least) => format!("{n} >= {least}"),
-                Err(_) => "false".into(),
-            });
-        }
-        if let Some(max) = spec.max.as_ref().and_then(|b| bound(spec.kind, b)) {
-            let most = max.div_euclid(unit);
-            if let Ok(most) = i64::try_from(most) {
-                out.push(format!("{n} <= {most}"));
-            }
-        }
-        out.into_iter()
-            .map(|c| format!(" && {c}"))
-            .collect::<String>()
-    };
-    match spec.kind {
-        Kind::String if spec.allowed.is_empty() => "true".into(),
-        Kind::String => format!(
-            "{value} in {}",
-            strings(spec.allowed.iter().map(String::as_str))
-        ),
-        Kind::Boolean => format!("{value} in [\"true\", \"false\"]"),
-        Kind::Integer => format!(
-            "({value}.matches(\"^(0|-?[1-9][0-9]{{0,17}})$\"){})",
-            within(&format!("int({value})"), 1)
-        ),
-        Kind::Cpu => {
-            let milli = format!("int({value}.substring(0, size({value}) - 1))");
-            format!(
-                "(({value}.matches(\"^{DIGITS}$\"){}) || ({value}.matches(\"^{DIGITS}m$\") && {milli} % 1000 != 0{}))",
-                within(&format!("int({value})"), 1000),
-                within(&milli, 1),
-            )
-        }
-        Kind::Memory => {
-            let n = format!("int({value}.substring(0, size({value}) - 2))");
-            let forms: Vec<String> = ["Ki", "Mi", "Gi", "Ti"]
-                .iter()
-                .enumerate()
-                .map(|(i, suffix)| {
-                    let unit = 1i128 << (10 * (i + 1));
-                    let next = match *suffix {
-                        "Ti" => String::new(),
-                        _ => format!(" && ({n} % 1024 != 0 || {n} == 0)"),
-                    };
-                    format!(
-                        "({value}.matches(\"^{DIGITS}{suffix}$\"){next}{})",
-                        within(&n, unit)
-                    )
-                })
-                .collect();
-            format!("({})", forms.join(" || "))
-        }
-    }
 }

@@ -276,36 +276,20 @@ const ANY_TRIALS: [&str; 12] = [
     "0", "1.5", "true", "null", "-", "x", "a: b", "#c", "'\"", "[1]", "{a: 1}", "x\ny",
 ];
 
-/// The values of a per-pod override to try a template with: of a few candidates, those the
-/// template allows, as minijinja literals (numbers and booleans unquoted, as the webhook
-/// passes them) with the text they render as.
+/// The values of a per-pod override to try a template with ([`overrides::Spec::trials`], with
+/// the awkward strings of an annotation where the type allows any), as minijinja literals
+/// (numbers and booleans unquoted, as the webhook passes them) with the text they render as.
 pub(super) fn of_override(annotation: &str, spec: &overrides::Spec) -> Vec<(String, String)> {
-    let mut candidates: Vec<String> = vec![spec.default.to_string()];
-    candidates.extend(spec.min.iter().chain(&spec.max).map(ToString::to_string));
-    candidates.extend(spec.allowed.iter().cloned());
-    let extra: &[&str] = match spec.kind {
-        overrides::Kind::String if spec.allowed.is_empty() => &ANY_TRIALS,
-        overrides::Kind::String => &[],
-        overrides::Kind::Boolean => &["true", "false"],
-        overrides::Kind::Integer => &["0", "1", "-1", "1000"],
-        overrides::Kind::Cpu => &["1", "2", "100m", "1500m", "250m"],
-        overrides::Kind::Memory => &["1Gi", "1536Mi", "100Ki", "64Mi", "1Ti"],
-    };
-    candidates.extend(extra.iter().map(|s| (*s).to_owned()));
-    let mut out: Vec<(String, String)> = Vec::new();
-    for c in candidates {
-        let Ok(value) = overrides::check(annotation, spec, &c) else {
-            continue;
-        };
-        let literal = match &value {
-            Value::String(s) => literal(s),
-            other => other.to_string(),
-        };
-        if !out.iter().any(|(l, _)| *l == literal) {
-            out.push((literal, c));
-        }
-    }
-    out
+    spec.trials(annotation, &ANY_TRIALS)
+        .into_iter()
+        .map(|(text, value)| {
+            let literal = match &value {
+                Value::String(s) => literal(s),
+                other => other.to_string(),
+            };
+            (literal, text)
+        })
+        .collect()
 }
 
 /// A minijinja string literal.
