@@ -29,15 +29,15 @@ pub(super) enum Chars {
 
 /// A string-valued piece of CEL.
 #[derive(Clone, Debug)]
-pub(super) struct Cel {
+pub(super) struct CelText {
     pub(super) text: String,
     pub(super) chars: Chars,
 }
 
 /// A value read of the pod, which may be absent (a label the pod does not carry).
-pub(super) enum Read {
-    Defined(Cel),
-    Maybe { present: String, value: Cel },
+pub(super) enum PodRead {
+    Defined(CelText),
+    Maybe { present: String, value: CelText },
 }
 
 /// A `{{ ... }}` that reads the pod.
@@ -46,7 +46,7 @@ pub(super) struct Emit {
     pub(super) range: std::ops::Range<usize>,
     /// Whether the expression ended in `| tojson` (kept around the marker).
     pub(super) tojson: bool,
-    pub(super) cel: Cel,
+    pub(super) cel: CelText,
     pub(super) line: usize,
     pub(super) construct: String,
 }
@@ -526,10 +526,10 @@ impl Translator<'_> {
         })
     }
 
-    pub(super) fn string(&self, e: &Expr<'_>) -> Result<Cel, (Span, String)> {
+    pub(super) fn string(&self, e: &Expr<'_>) -> Result<CelText, (Span, String)> {
         match self.value(e)? {
-            Read::Defined(cel) => Ok(cel),
-            Read::Maybe { .. } => Err((
+            PodRead::Defined(cel) => Ok(cel),
+            PodRead::Maybe { .. } => Err((
                 full_span(e),
                 "may be absent from a pod, and then the webhook fails to render it; give it a `| default(...)`"
                     .into(),
@@ -537,10 +537,10 @@ impl Translator<'_> {
         }
     }
 
-    pub(super) fn value(&self, e: &Expr<'_>) -> Result<Read, (Span, String)> {
+    pub(super) fn value(&self, e: &Expr<'_>) -> Result<PodRead, (Span, String)> {
         const SUPPORTED: &str = "only the pod's name, generateName, namespace, serviceAccount, labels and annotations, with `| default(...)` and `~`, can be written as CEL";
         if !reads_pod(e) {
-            return self.constant(e).map(Read::Defined);
+            return self.constant(e).map(PodRead::Defined);
         }
         match e {
             Expr::Filter(f) if f.name == "default" => {
@@ -558,8 +558,8 @@ impl Translator<'_> {
                 }
                 let fallback = self.constant(fallback)?;
                 Ok(match self.value(inner)? {
-                    Read::Defined(cel) => Read::Defined(cel),
-                    Read::Maybe { present, value } => Read::Defined(Cel {
+                    PodRead::Defined(cel) => PodRead::Defined(cel),
+                    PodRead::Maybe { present, value } => PodRead::Defined(CelText {
                         text: format!("({present} ? {} : {})", value.text, fallback.text),
                         chars: worst(value.chars, fallback.chars),
                     }),
@@ -567,7 +567,7 @@ impl Translator<'_> {
             }
             Expr::BinOp(b) if matches!(b.op, ast::BinOpKind::Concat) => {
                 let (l, r) = (self.string(&b.left)?, self.string(&b.right)?);
-                Ok(Read::Defined(Cel {
+                Ok(PodRead::Defined(CelText {
                     text: format!("{} + {}", l.text, r.text),
                     chars: worst(l.chars, r.chars),
                 }))
@@ -583,7 +583,7 @@ impl Translator<'_> {
     /// `overrides["<annotation>"]`: the pod's annotation, or the default. The webhook
     /// refuses a pod whose value the template does not allow, and the mutating policy leaves
     /// such a pod to the backstop (see `export::mutating`), so the value is one of those.
-    pub(super) fn override_value(&self, e: &Expr<'_>) -> Result<Read, (Span, String)> {
+    pub(super) fn override_value(&self, e: &Expr<'_>) -> Result<PodRead, (Span, String)> {
         let key = match e {
             Expr::GetItem(g) if matches!(&g.expr, Expr::Var(v) if v.id == "overrides") => g
                 .subscript_expr
@@ -607,7 +607,7 @@ impl Translator<'_> {
             ));
         };
         let k = cel::string(&key);
-        Ok(Read::Defined(Cel {
+        Ok(PodRead::Defined(CelText {
             text: format!(
                 "((has(object.metadata.annotations) && {k} in object.metadata.annotations) ? object.metadata.annotations[{k}] : {})",
                 cel::string(&spec.default.to_string())
@@ -625,7 +625,7 @@ impl Translator<'_> {
     }
 
     /// An expression that reads nothing of the pod, evaluated now.
-    pub(super) fn constant(&self, e: &Expr<'_>) -> Result<Cel, (Span, String)> {
+    pub(super) fn constant(&self, e: &Expr<'_>) -> Result<CelText, (Span, String)> {
         let value = self.evaluated(e)?;
         let text = match value.as_str() {
             Some(s) => s.to_owned(),
@@ -648,17 +648,17 @@ impl Translator<'_> {
         } else {
             Chars::Any
         };
-        Ok(Cel {
+        Ok(CelText {
             text: cel::string(&text),
             chars,
         })
     }
 
-    pub(super) fn pod_value(&self, span: Span, path: &[String]) -> Result<Read, (Span, String)> {
+    pub(super) fn pod_value(&self, span: Span, path: &[String]) -> Result<PodRead, (Span, String)> {
         let cfg = &self.inj.config;
         let owned = self.inj.templates.owned();
         let defined = |text: &str| {
-            Ok(Read::Defined(Cel {
+            Ok(PodRead::Defined(CelText {
                 text: text.to_owned(),
                 chars: Chars::Plain,
             }))
@@ -689,11 +689,11 @@ impl Translator<'_> {
                     ));
                 }
                 let key = cel::string(key);
-                Ok(Read::Maybe {
+                Ok(PodRead::Maybe {
                     present: format!(
                         "(has(object.metadata.{map}) && {key} in object.metadata.{map})"
                     ),
-                    value: Cel {
+                    value: CelText {
                         text: format!("object.metadata.{map}[{key}]"),
                         chars,
                     },

@@ -20,7 +20,7 @@ struct Walk<'a> {
     emits: Vec<Emit>,
     edits: Vec<Edit>,
     iters: Vec<(usize, IterExpr)>,
-    loops: Vec<Loop>,
+    loops: Vec<OutputLoop>,
     refusals: Vec<Refusal>,
 }
 
@@ -30,7 +30,7 @@ pub(super) struct Walked {
     pub(super) emits: Vec<Emit>,
     pub(super) edits: Vec<Edit>,
     pub(super) iters: Vec<(usize, IterExpr)>,
-    pub(super) loops: Vec<Loop>,
+    pub(super) loops: Vec<OutputLoop>,
 }
 
 impl Walked {
@@ -110,7 +110,7 @@ pub(super) enum EditKind {
 }
 
 /// A loop over a list of the pod whose body writes the fragment.
-pub(super) struct Loop {
+pub(super) struct OutputLoop {
     pub(super) cel: String,
     pub(super) elem: Elem,
     pub(super) line: usize,
@@ -330,7 +330,7 @@ impl Walk<'_> {
         };
         let (cel, elem) = self.tr.list(&f.iter, &[])?;
         let k = self.loops.len();
-        self.loops.push(Loop {
+        self.loops.push(OutputLoop {
             cel,
             elem,
             line: span.start_line as usize,
