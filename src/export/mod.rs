@@ -15,12 +15,13 @@
 //! Each file imports only files before it in this order: [`markers`] (the marker alphabet),
 //! [`cel`] (literals, the pod expressions both policies share), [`loops`] (loops over the
 //! pod's lists), [`symbolic`] (the result and its CEL), `translate` (expressions to CEL),
-//! `walk` (the syntax tree), `trials` (renderings and trials), [`read`], [`objects`] (what
+//! `items` (expressions over the pod's list items), `walk` (the syntax tree), `trials` (renderings and trials), [`read`], [`objects`] (what
 //! both policies share), then [`backstop`](mod@backstop) and [`mutating`](mod@mutating).
 //! This file only re-exports.
 
 pub mod backstop;
 pub mod cel;
+mod items;
 pub mod loops;
 pub mod markers;
 pub mod mutating;

@@ -176,7 +176,7 @@ impl<'a> Renderer<'a> {
             }
             if let Some(text) = self.misread(i, &e.cel.chars, base) {
                 let hint = match (e.tojson, &e.cel.chars) {
-                    (true, _) | (_, Chars::Allowed(_)) => "",
+                    (true, _) | (_, Chars::Override(_)) => "",
                     (false, _) => "; quote it with `| tojson`",
                 };
                 refusals.push(e.refusal(format!(
@@ -202,7 +202,13 @@ impl<'a> Renderer<'a> {
                 .iter()
                 .map(|t| (literal(t), (*t).to_owned()))
                 .collect(),
-            Chars::Allowed(values) => values.clone(),
+            Chars::Override(annotation) => self
+                .inj
+                .templates
+                .declared(self.name)
+                .and_then(|d| d.get(annotation))
+                .map(|spec| of_override(annotation, spec))
+                .unwrap_or_default(),
         };
         trials.into_iter().find_map(|(trial, text)| {
             let substitute = |j: usize| if j == i { trial.clone() } else { marked(j) };
@@ -279,7 +285,7 @@ const ANY_TRIALS: [&str; 12] = [
 /// The values of a per-pod override to try a template with ([`overrides::Spec::trials`], with
 /// the awkward strings of an annotation where the type allows any), as minijinja literals
 /// (numbers and booleans unquoted, as the webhook passes them) with the text they render as.
-pub(super) fn of_override(annotation: &str, spec: &overrides::Spec) -> Vec<(String, String)> {
+fn of_override(annotation: &str, spec: &overrides::Spec) -> Vec<(String, String)> {
     spec.trials(annotation, &ANY_TRIALS)
         .into_iter()
         .map(|(text, value)| {
