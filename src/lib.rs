@@ -7,6 +7,9 @@
 //!   [`validate`], [`review`], [`manifest`], [`explain`]).
 //! - [`diagnose`] judges what was read of a cluster, with the engine's decisions and no I/O
 //!   either: [`outdated`] a cluster's pods, [`diagnose::check`] an installation.
+//! - [`export`] writes the configuration as admission policies that run inside the API server
+//!   (a ValidatingAdmissionPolicy backstop, a MutatingAdmissionPolicy); pure like the engine,
+//!   whose decisions it renders in CEL.
 //! - [`server`]: the webhook and admin servers (sockets, TLS, reloads, limits, shutdown).
 //! - [`cli`]: the commands, `serve`, `inject`, `review`, `explain`, `outdated`, `export` and
 //!   `check` (whose API-server calls live in [`cli::outdated`] and [`cli::check`]).
@@ -19,6 +22,7 @@
 pub mod cli;
 pub mod diagnose;
 pub mod engine;
+pub mod export;
 pub mod load;
 pub mod server;
 

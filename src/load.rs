@@ -61,8 +61,8 @@ pub struct SelectionArgs {
 }
 
 impl SelectionArgs {
-    pub fn selection(&self) -> crate::engine::policy::Selection {
-        crate::engine::policy::Selection {
+    pub fn selection(&self) -> crate::export::Selection {
+        crate::export::Selection {
             namespace_opt_in: self.namespace_opt_in,
             disabled_label: self.disabled_label.clone(),
         }

@@ -18,7 +18,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::engine::inject::Entry;
 use crate::engine::review::Webhook;
-use crate::engine::{explain, manifest, policy, review};
+use crate::engine::{explain, manifest, review};
+use crate::export;
 use crate::load::{ConfigArg, SelectionArgs};
 use stdio::{read_input, read_text, write_notes, write_stdout, write_warnings};
 
@@ -203,19 +204,19 @@ impl ExportArgs {
             Some(file) => configmap_injector(&file)?,
             None => config.load()?,
         };
-        policy::check_revision(&inj, revision.as_deref())?;
+        export::check_revision(&inj, revision.as_deref())?;
         let selection = selection.selection();
         let docs = match kind {
-            ExportKind::Backstop => policy::backstop(&inj, &selection, check_images)?,
+            ExportKind::Backstop => export::backstop(&inj, &selection, check_images)?,
             ExportKind::Mutating => {
                 let version = match api_version.as_str() {
-                    "v1beta1" => policy::MutatingVersion::V1beta1,
-                    _ => policy::MutatingVersion::V1,
+                    "v1beta1" => export::MutatingVersion::V1beta1,
+                    _ => export::MutatingVersion::V1,
                 };
-                policy::mutating(&inj, &selection, version)?
+                export::mutating(&inj, &selection, version)?
             }
         };
-        write_stdout(policy::to_yaml(&docs)?.as_bytes())
+        write_stdout(export::to_yaml(&docs)?.as_bytes())
     }
 }
 

@@ -16,7 +16,6 @@ pub mod manifest;
 pub mod memo;
 pub mod messages;
 pub mod overrides;
-pub mod policy;
 pub mod review;
 pub mod template;
 pub mod validate;

@@ -12,12 +12,17 @@
 //! ```
 //!
 //! Templates read the checked values (or the defaults) as `overrides["<annotation>"]`.
+//!
+//! This is the one home of what each type ([`Kind`]) accepts: how a value is read and bounded
+//! ([`check`]), how that is said ([`describe`]), the same test as CEL for the exported policies
+//! ([`Spec::cel_test`]) and the values the exporter tries a template with ([`Spec::trials`]).
 
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-/// The type of an override's value.
+/// The type of an override's value. What each accepts is written below, once per type: in
+/// [`magnitude`] (via [`check`]), [`describe`], [`Spec::cel_test`] and [`Kind::samples`].
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
@@ -215,7 +220,8 @@ pub fn check(annotation: &str, spec: &Spec, value: &str) -> Result<serde_json::V
     }
 }
 
-/// A bound's magnitude ([`magnitude`]): for the policy exporter, which checks values in CEL.
+/// A bound's magnitude (as `magnitude` reads it): the number a bound stands for in its type's
+/// unit (itself, millicores or bytes).
 pub fn bound(kind: Kind, bound: &Scalar) -> Option<i128> {
     magnitude(kind, &bound.to_string()).ok()
 }
@@ -264,6 +270,115 @@ fn magnitude(kind: Kind, value: &str) -> Result<i128, &'static str> {
             Err("not a memory quantity with a Ki, Mi, Gi or Ti suffix")
         }
         Kind::String | Kind::Boolean => Err("not a number"),
+    }
+}
+
+impl Kind {
+    /// A few values of this type, besides a spec's default, bounds and allowed strings, to try
+    /// a template with (those the spec allows): a whole number of cores, a quantity in each
+    /// suffix, a negative number.
+    pub fn samples(self) -> &'static [&'static str] {
+        match self {
+            Self::String => &[],
+            Self::Boolean => &["true", "false"],
+            Self::Integer => &["0", "1", "-1", "1000"],
+            Self::Cpu => &["1", "2", "100m", "1500m", "250m"],
+            Self::Memory => &["1Gi", "1536Mi", "100Ki", "64Mi", "1Ti"],
+        }
+    }
+}
+
+impl Spec {
+    /// Whether `value` (a CEL expression of type string) is allowed, as [`check`] tells, as
+    /// CEL: the canonical forms by regular expression, the bounds compared in the value's own
+    /// unit so that no product overflows. `string` writes a CEL string literal.
+    pub fn cel_test(&self, value: &str, string: impl Fn(&str) -> String) -> String {
+        const DIGITS: &str = "(0|[1-9][0-9]{0,17})";
+        let within = |n: &str, unit: i128| self.cel_within(n, unit);
+        match self.kind {
+            Kind::String if self.allowed.is_empty() => "true".into(),
+            Kind::String => {
+                let items: Vec<String> = self.allowed.iter().map(|a| string(a)).collect();
+                format!("{value} in [{}]", items.join(", "))
+            }
+            Kind::Boolean => format!("{value} in [\"true\", \"false\"]"),
+            Kind::Integer => format!(
+                "({value}.matches(\"^(0|-?[1-9][0-9]{{0,17}})$\"){})",
+                within(&format!("int({value})"), 1)
+            ),
+            Kind::Cpu => {
+                let milli = format!("int({value}.substring(0, size({value}) - 1))");
+                format!(
+                    "(({value}.matches(\"^{DIGITS}$\"){}) || ({value}.matches(\"^{DIGITS}m$\") && {milli} % 1000 != 0{}))",
+                    within(&format!("int({value})"), 1000),
+                    within(&milli, 1),
+                )
+            }
+            Kind::Memory => {
+                let n = format!("int({value}.substring(0, size({value}) - 2))");
+                let forms: Vec<String> = ["Ki", "Mi", "Gi", "Ti"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, suffix)| {
+                        let unit = 1i128 << (10 * (i + 1));
+                        let next = match *suffix {
+                            "Ti" => String::new(),
+                            _ => format!(" && ({n} % 1024 != 0 || {n} == 0)"),
+                        };
+                        format!(
+                            "({value}.matches(\"^{DIGITS}{suffix}$\"){next}{})",
+                            within(&n, unit)
+                        )
+                    })
+                    .collect();
+                format!("({})", forms.join(" || "))
+            }
+        }
+    }
+
+    /// `n * unit` within the bounds, as CEL conditions on `n`, each after ` && `.
+    fn cel_within(&self, n: &str, unit: i128) -> String {
+        let mut out = Vec::new();
+        if let Some(min) = self.min.as_ref().and_then(|b| bound(self.kind, b)) {
+            let least = (min + unit - 1).div_euclid(unit);
+            out.push(match i64::try_from(least) {
+                Ok(least) => format!("{n} >= {least}"),
+                Err(_) => "false".into(),
+            });
+        }
+        if let Some(max) = self.max.as_ref().and_then(|b| bound(self.kind, b)) {
+            let most = max.div_euclid(unit);
+            if let Ok(most) = i64::try_from(most) {
+                out.push(format!("{n} <= {most}"));
+            }
+        }
+        out.into_iter()
+            .map(|c| format!(" && {c}"))
+            .collect::<String>()
+    }
+
+    /// The values of this override to try a template with, each once, as written and as
+    /// templates see them: of the default, the bounds, every allowed string and the type's
+    /// [`Kind::samples`] (`any_text` for a string the spec does not constrain), those it allows.
+    pub fn trials(&self, annotation: &str, any_text: &[&str]) -> Vec<(String, serde_json::Value)> {
+        let mut candidates: Vec<String> = vec![self.default.to_string()];
+        candidates.extend(self.min.iter().chain(&self.max).map(ToString::to_string));
+        candidates.extend(self.allowed.iter().cloned());
+        let extra = match self.kind {
+            Kind::String if self.allowed.is_empty() => any_text,
+            kind => kind.samples(),
+        };
+        candidates.extend(extra.iter().map(|s| (*s).to_owned()));
+        let mut out: Vec<(String, serde_json::Value)> = Vec::new();
+        for c in candidates {
+            let Ok(value) = check(annotation, self, &c) else {
+                continue;
+            };
+            if !out.iter().any(|(_, v)| *v == value) {
+                out.push((c, value));
+            }
+        }
+        out
     }
 }
 
@@ -358,6 +473,38 @@ mod tests {
         assert!(
             err.to_string().contains("canonical form") && err.to_string().contains("at most 2"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_exporter_reads_each_type_here_its_cel_test_and_trial_values() {
+        let cpu = spec("example.com/cpu");
+        let tried: Vec<String> = cpu
+            .trials("example.com/cpu", &[])
+            .into_iter()
+            .map(|(t, _)| t)
+            .collect();
+        assert_eq!(
+            tried,
+            ["50m", "2", "1", "100m", "1500m", "250m"],
+            "each allowed, once"
+        );
+        let level = spec("example.com/level");
+        let quote = |s: &str| format!("'{s}'");
+        assert_eq!(level.cel_test("v", quote), "v in ['debug', 'info']");
+        let any = Spec {
+            allowed: Vec::new(),
+            ..level
+        };
+        assert_eq!(
+            any.trials("a", &["x", "0"]).len(),
+            3,
+            "the default and the texts given"
+        );
+        assert!(
+            spec("example.com/n")
+                .cel_test("v", quote)
+                .contains("int(v) >= 1 && int(v) <= 5")
         );
     }
 

@@ -5,10 +5,10 @@
 //! [`crate::engine::review`], and the configuration is read through [`crate::load`]. It may
 //! not import [`crate::cli`]: the `serve` command imports the server, not the other way round.
 
-pub mod backstop;
 pub mod cores;
 pub mod drain;
 pub mod metrics;
+pub mod policies;
 pub mod reload;
 pub mod routes;
 pub mod tls;
@@ -131,7 +131,7 @@ pub struct BackstopArgs {
         value_enum,
         value_name = "VERSION"
     )]
-    pub mutating: Option<backstop::MutatingApi>,
+    pub mutating: Option<policies::MutatingApi>,
     /// The cluster-scoped object that owns the kept policies, so that deleting it (`helm
     /// uninstall`) deletes them too (the garbage collector): NAME (a
     /// MutatingWebhookConfiguration) or ClusterRole/NAME.
@@ -140,7 +140,7 @@ pub struct BackstopArgs {
         env = "SIDECAR_INJECTOR_BACKSTOP_OWNER",
         value_name = "NAME|ClusterRole/NAME"
     )]
-    pub owner: Option<backstop::Owner>,
+    pub owner: Option<policies::Owner>,
     /// Also refuse a sidecar whose image is not the one its template sets (in a pod injected
     /// under the configuration served, or not injected at all).
     #[arg(long = "backstop-check-images", env = "SIDECAR_INJECTOR_BACKSTOP_CHECK_IMAGES", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
@@ -316,9 +316,9 @@ impl Server {
         }));
         let keep = backstop.enabled || backstop.mutating.is_some();
         let backstop = keep.then(|| {
-            tokio::spawn(backstop::run(
+            tokio::spawn(policies::run(
                 state.clone(),
-                backstop::Policies {
+                policies::Policies {
                     selection: backstop.selection.selection(),
                     backstop: backstop.enabled,
                     mutating: backstop.mutating,

@@ -160,7 +160,7 @@ impl CheckArgs {
 
         let (backstop_seen, dry_run) = match &config {
             Got::Found(inj) => {
-                let name = format!("{}-backstop", crate::engine::policy::base_name(inj));
+                let name = format!("{}-backstop", crate::export::base_name(inj));
                 let (policy, binding) = cluster::backstop(&client, &name).await;
                 let seen = backstop::BackstopRead {
                     server_applies: deployment.found().map(backstop::server_applies),
@@ -221,10 +221,9 @@ async fn read_policy_mode(
     if keeper.is_none() && !matches!(mutating, Got::Missing) {
         return None;
     }
-    let name = config.found().map_or_else(
-        || "sidecar-injector".to_owned(),
-        crate::engine::policy::base_name,
-    );
+    let name = config
+        .found()
+        .map_or_else(|| "sidecar-injector".to_owned(), crate::export::base_name);
     let (api_version, policy, binding) = cluster::mutating_policy(client, &name).await;
     if !policy_mode::detect(deployment, mutating, validating, &policy) {
         return None;

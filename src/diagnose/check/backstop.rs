@@ -1,13 +1,13 @@
 //! Whether the backstop (the ValidatingAdmissionPolicy and its binding) is the export of the
 //! configuration the release's ConfigMap holds: each exported object carries the digest of the
-//! configuration it came from ([`crate::engine::policy::CONFIG_ANNOTATION`]).
+//! configuration it came from ([`crate::export::CONFIG_ANNOTATION`]).
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 
 use super::{Finding, Got, State};
-use crate::engine::policy::CONFIG_ANNOTATION;
+use crate::export::CONFIG_ANNOTATION;
 
 /// The environment variable that has the chart's server keep the backstop (`serve --backstop`).
 pub const BACKSTOP_ENV: &str = "SIDECAR_INJECTOR_BACKSTOP";

@@ -453,7 +453,7 @@ fn certificates(o: &Observed, entries: &Entries, injected: bool) -> Vec<Finding>
 fn backstop_in_step(o: &Observed) -> Vec<Finding> {
     match (&o.config, &o.backstop) {
         (Got::Found(inj), Some(read)) => backstop::judge(
-            &format!("{}-backstop", crate::engine::policy::base_name(inj)),
+            &format!("{}-backstop", crate::export::base_name(inj)),
             &inj.digest,
             read,
         ),

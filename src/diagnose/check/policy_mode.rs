@@ -161,7 +161,7 @@ pub fn judge(inst: &Installation, digest: &str, seen: &PolicyModeRead) -> Vec<Fi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::policy::CONFIG_ANNOTATION;
+    use crate::export::CONFIG_ANNOTATION;
 
     fn annotated(digest: &str) -> Got<BTreeMap<String, String>> {
         Got::Found([(CONFIG_ANNOTATION.to_owned(), digest.to_owned())].into())

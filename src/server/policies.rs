@@ -1,8 +1,8 @@
-//! Keeping the exported policies in step with the configuration served (`serve --backstop`,
-//! and `serve --mutating-policy` in policy mode).
+//! The keeper of the exported policies: both kept in step with the configuration served
+//! (`serve --backstop`, and `serve --mutating-policy` in policy mode).
 //!
-//! The backstop (a ValidatingAdmissionPolicy with its bindings, [`policy::backstop`]) and, in
-//! policy mode, the MutatingAdmissionPolicy ([`policy::mutating`]) are the export of the
+//! The backstop (a ValidatingAdmissionPolicy with its bindings, [`export::backstop`]) and, in
+//! policy mode, the MutatingAdmissionPolicy ([`export::mutating`]) are the export of the
 //! configuration this server serves, so they are applied by the server itself: at start,
 //! after every reload, and at every re-check (`--reload-interval`), whenever the objects in
 //! the cluster are not the export of the configuration served (another digest in their
@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 
 use super::routes::State;
 use crate::engine::config::Injector;
-use crate::engine::policy::{self, CONFIG_ANNOTATION, MutatingVersion, Selection};
+use crate::export::{self, CONFIG_ANNOTATION, MutatingVersion, Selection};
 
 /// Field manager of the server's applies: `managedFields` say who wrote the backstop.
 const MANAGER: &str = "sidecar-injector";
@@ -210,7 +210,7 @@ async fn keep_all(
     policies: &Policies,
     force: bool,
 ) -> Vec<(String, anyhow::Result<&'static str>)> {
-    let base = policy::base_name(inj);
+    let base = export::base_name(inj);
     // Each kept policy by name: the backstop (no API version), the mutating policy (its own).
     let mut kept: Vec<(String, Option<MutatingApi>)> = Vec::new();
     if policies.backstop {
@@ -238,11 +238,11 @@ async fn keep_all(
                         MutatingApi::V1beta1 => MutatingVersion::V1beta1,
                         MutatingApi::Auto => served_mutating_version(client).await?,
                     };
-                    policy::mutating(inj, &policies.selection, version).context(
+                    export::mutating(inj, &policies.selection, version).context(
                         "cannot export the MutatingAdmissionPolicy of the configuration served",
                     )?
                 }
-                None => policy::backstop(inj, &policies.selection, policies.check_images)
+                None => export::backstop(inj, &policies.selection, policies.check_images)
                     .context("cannot export the backstop of the configuration served")?,
             };
             let set = Set {

@@ -19,27 +19,70 @@ use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
 
-use crate::engine::policy::cel;
-use crate::engine::policy::symbolic::{CLOSE, OPEN};
+use crate::export::cel;
+use crate::export::markers::{
+    self, CLOSE, ITER, LOOP_ELSE, LOOP_END, LOOP_KEY, LOOP_OPEN, MarkerError, Piece, int_marker,
+    parse,
+};
 
-/// Opens a marker of a value an iteration reads (closed by [`CLOSE`]).
-pub const ITER: char = '\u{E002}';
-/// Open, split and close a loop's output in a string: `LOOP_OPEN k CLOSE body LOOP_ELSE else
-/// LOOP_END`.
-pub const LOOP_OPEN: char = '\u{E003}';
-pub const LOOP_ELSE: char = '\u{E004}';
-pub const LOOP_END: char = '\u{E005}';
-/// Opens a marker that is a whole value of type int (a `containerPort`).
-pub const INT: char = '\u{E006}';
-/// The key of the object that stands for a loop's items in a list.
-pub const LOOP_KEY: &str = "\u{E003}loop";
+/// Why a value an iteration reads cannot be computed for given lists.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EvalError {
+    #[error("not an integer")]
+    NotAnInteger,
+    #[error("not a boolean")]
+    NotABoolean,
+    #[error("a field the item lacks")]
+    MissingField,
+    #[error("an unknown marker")]
+    UnknownMarker,
+    #[error("an unknown loop")]
+    UnknownLoop,
+    #[error("a value of an item outside its loop")]
+    OutsideItsLoop,
+    #[error(transparent)]
+    Marker(#[from] MarkerError),
+}
 
-/// Integer markers: `INT_BASE + 10 * emit + iteration`. Within i32, far from any port.
-pub const INT_BASE: i64 = 1_100_000_000;
+/// Why a loop's output cannot be found as its body repeated, or put back in its place.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LoopError {
+    #[error("it writes keys whose presence depends on the list")]
+    KeysDependOnTheList,
+    #[error("its output reaches more than one field")]
+    MoreThanOneField,
+    #[error("its output reaches more than one item")]
+    MoreThanOneItem,
+    #[error("its output changes a value's type")]
+    ChangesType,
+    #[error("one iteration writes nothing that two do not")]
+    WritesNothing,
+    #[error("its output is not its body repeated")]
+    NotRepeated,
+    #[error("its output overlaps another loop's")]
+    Overlaps,
+    #[error("its output is inside another loop's")]
+    Inside,
+    #[error("lost its place")]
+    LostItsPlace,
+    #[error("a value of its item reaches the fragment outside the loop's output")]
+    OutsideItsOutput,
+    #[error("a broken marker")]
+    BrokenMarker,
+}
 
-/// Whether a rendered string holds anything the policy computes.
-pub fn symbolic(s: &str) -> bool {
-    s.contains([OPEN, ITER, LOOP_OPEN, INT])
+/// A loop [`build`] cannot write: its number (`usize::MAX` when not known), and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{error}")]
+pub struct Misplaced {
+    pub k: usize,
+    pub error: LoopError,
+}
+
+impl Misplaced {
+    fn of(k: usize, error: LoopError) -> Self {
+        Self { k, error }
+    }
 }
 
 /// What an item of a pod's list is, as templates see it (see `inject::project_spec`).
@@ -162,16 +205,12 @@ impl IterExpr {
     }
 
     /// The value for one iteration, as the webhook's rendering computes it.
-    pub fn eval(&self, it: &Iteration<'_>) -> Result<Value, String> {
-        let int = |e: &IterExpr| -> Result<i64, String> {
-            e.eval(it)?
-                .as_i64()
-                .ok_or_else(|| "not an integer".to_owned())
+    pub fn eval(&self, it: &Iteration<'_>) -> Result<Value, EvalError> {
+        let int = |e: &IterExpr| -> Result<i64, EvalError> {
+            e.eval(it)?.as_i64().ok_or(EvalError::NotAnInteger)
         };
-        let truth = |e: &IterExpr| -> Result<bool, String> {
-            e.eval(it)?
-                .as_bool()
-                .ok_or_else(|| "not a boolean".to_owned())
+        let truth = |e: &IterExpr| -> Result<bool, EvalError> {
+            e.eval(it)?.as_bool().ok_or(EvalError::NotABoolean)
         };
         Ok(match self {
             Self::Const(v) => v.clone(),
@@ -183,7 +222,7 @@ impl IterExpr {
                 match (v, default) {
                     (Some(v), _) => v.clone(),
                     (None, Some(d)) => d.clone(),
-                    (None, None) => return Err("a field the item lacks".into()),
+                    (None, None) => return Err(EvalError::MissingField),
                 }
             }
             Self::Index0 => json!(it.index),
@@ -254,83 +293,6 @@ fn literal(v: &Value) -> String {
     }
 }
 
-/// A string of the fragment, read back into its parts.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Piece {
-    Text(String),
-    /// A value read of the pod (symbolic's markers).
-    Marker(usize),
-    /// A value one iteration reads.
-    Iter(usize),
-    Loop {
-        k: usize,
-        body: Vec<Piece>,
-        other: Vec<Piece>,
-    },
-}
-
-/// Reads a string with markers and loops into its parts.
-pub fn parse(s: &str) -> Result<Vec<Piece>, String> {
-    let mut pieces = Vec::new();
-    let mut stack: Vec<(usize, Vec<Piece>, Option<Vec<Piece>>)> = Vec::new();
-    let mut text = String::new();
-    let mut chars = s.chars().peekable();
-    let number = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| -> Result<usize, String> {
-        let mut n = String::new();
-        for c in chars.by_ref() {
-            if c == CLOSE {
-                return n.parse().map_err(|_| format!("a broken marker {n:?}"));
-            }
-            n.push(c);
-        }
-        Err("an unclosed marker".into())
-    };
-    let flush = |text: &mut String, pieces: &mut Vec<Piece>| {
-        if !text.is_empty() {
-            pieces.push(Piece::Text(std::mem::take(text)));
-        }
-    };
-    while let Some(c) = chars.next() {
-        match c {
-            OPEN | ITER | LOOP_OPEN => {
-                flush(&mut text, &mut pieces);
-                let n = number(&mut chars)?;
-                match c {
-                    OPEN => pieces.push(Piece::Marker(n)),
-                    ITER => pieces.push(Piece::Iter(n)),
-                    _ => {
-                        if !stack.is_empty() {
-                            return Err("a loop inside a loop".into());
-                        }
-                        stack.push((n, std::mem::take(&mut pieces), None));
-                    }
-                }
-            }
-            LOOP_ELSE => {
-                flush(&mut text, &mut pieces);
-                let Some(top) = stack.last_mut() else {
-                    return Err("an else outside a loop".into());
-                };
-                top.2 = Some(std::mem::take(&mut pieces));
-            }
-            LOOP_END => {
-                flush(&mut text, &mut pieces);
-                let Some((k, outer, Some(body))) = stack.pop() else {
-                    return Err("a loop end outside a loop".into());
-                };
-                let other = std::mem::replace(&mut pieces, outer);
-                pieces.push(Piece::Loop { k, body, other });
-            }
-            c => text.push(c),
-        }
-    }
-    if !stack.is_empty() {
-        return Err("an unclosed loop".into());
-    }
-    flush(&mut text, &mut pieces);
-    Ok(pieces)
-}
-
 /// A loop's place in the fragment: one string or one list, found by [`region`].
 #[derive(Clone, Debug, PartialEq)]
 struct Region {
@@ -365,14 +327,6 @@ fn retag(v: &Value, iters: &BTreeSet<usize>) -> Value {
         ),
         other => other.clone(),
     }
-}
-
-/// `(emit, iteration)` of an integer marker.
-fn int_marker(n: i64) -> Option<(usize, usize)> {
-    let d = n.checked_sub(INT_BASE)?;
-    (0..100_000_000)
-        .contains(&d)
-        .then_some(((d / 10) as usize, (d % 10) as usize))
 }
 
 fn retag_str(s: &str, iters: &BTreeSet<usize>) -> String {
@@ -431,14 +385,14 @@ fn region(
     none: &Value,
     twice: &Value,
     iters: &BTreeSet<usize>,
-) -> Result<Option<Region>, String> {
+) -> Result<Option<Region>, LoopError> {
     fn walk(
         a: &Value,
         z: &Value,
         b: &Value,
         iters: &BTreeSet<usize>,
         path: &mut Vec<Seg>,
-    ) -> Result<Option<Region>, String> {
+    ) -> Result<Option<Region>, LoopError> {
         if a == z && a == b {
             return Ok(None);
         }
@@ -446,14 +400,14 @@ fn region(
             (Value::Object(x), Value::Object(y), Value::Object(w)) => {
                 let keys: BTreeSet<&String> = x.keys().collect();
                 if keys != y.keys().collect() || keys != w.keys().collect() {
-                    return Err("it writes keys whose presence depends on the list".into());
+                    return Err(LoopError::KeysDependOnTheList);
                 }
                 let differ: Vec<&String> = keys
                     .into_iter()
                     .filter(|k| x[*k] != y[*k] || x[*k] != w[*k])
                     .collect();
                 let [k] = differ[..] else {
-                    return Err("its output reaches more than one field".into());
+                    return Err(LoopError::MoreThanOneField);
                 };
                 path.push(Seg::Key(k.clone()));
                 walk(&x[k], &y[k], &w[k], iters, path)
@@ -465,7 +419,7 @@ fn region(
                     .filter(|&i| x[i] != y[i] || x[i] != w[i])
                     .collect();
                 let [i] = differ[..] else {
-                    return Err("its output reaches more than one item".into());
+                    return Err(LoopError::MoreThanOneItem);
                 };
                 path.push(Seg::Index(i));
                 walk(&x[i], &y[i], &w[i], iters, path)
@@ -504,7 +458,7 @@ fn region(
                     other: Value::String(y[at.0..y.len() - tail].iter().collect()),
                 }))
             }
-            _ => Err("its output changes a value's type".into()),
+            _ => Err(LoopError::ChangesType),
         }
     }
     walk(base, none, twice, iters, &mut Vec::new())
@@ -517,12 +471,12 @@ fn split<T: PartialEq>(
     none: &[T],
     twice: &[T],
     repeats: impl Fn(usize, usize) -> bool,
-) -> Result<(usize, usize), String> {
+) -> Result<(usize, usize), LoopError> {
     let len = twice
         .len()
         .checked_sub(once.len())
         .filter(|l| *l > 0)
-        .ok_or("one iteration writes nothing that two do not")?;
+        .ok_or(LoopError::WritesNothing)?;
     for at in 0..=once.len() - len {
         let tail = &once[at + len..];
         let fits = twice[..at + len] == once[..at + len]
@@ -535,7 +489,7 @@ fn split<T: PartialEq>(
             return Ok((at, len));
         }
     }
-    Err("its output is not its body repeated".into())
+    Err(LoopError::NotRepeated)
 }
 
 /// The renderings the loops are found from: all loops run once, and per loop, that loop run
@@ -548,10 +502,12 @@ pub struct Renders {
 /// The fragment as the policy writes it: `base` with each loop's region replaced by the loop
 /// (a string's part between loop markers, or an object [`LOOP_KEY`] among a list's items),
 /// and every iteration marker back to its emit's number. `iters_of[k]`: the emits of loop k.
-pub fn build(renders: &Renders, iters_of: &[BTreeSet<usize>]) -> Result<Value, (usize, String)> {
+pub fn build(renders: &Renders, iters_of: &[BTreeSet<usize>]) -> Result<Value, Misplaced> {
     let mut regions = Vec::new();
     for (k, (none, twice)) in renders.per_loop.iter().enumerate() {
-        if let Some(r) = region(&renders.base, none, twice, &iters_of[k]).map_err(|e| (k, e))? {
+        if let Some(r) =
+            region(&renders.base, none, twice, &iters_of[k]).map_err(|e| Misplaced::of(k, e))?
+        {
             regions.push((k, r));
         }
     }
@@ -560,23 +516,22 @@ pub fn build(renders: &Renders, iters_of: &[BTreeSet<usize>]) -> Result<Value, (
     for pair in regions.windows(2) {
         let (later, earlier) = (&pair[0].1, &pair[1].1);
         if later.path == earlier.path && earlier.at + earlier.len > later.at {
-            return Err((pair[0].0, "its output overlaps another loop's".into()));
+            return Err(Misplaced::of(pair[0].0, LoopError::Overlaps));
         }
         if later.path != earlier.path
             && (later.path.starts_with(&earlier.path) || earlier.path.starts_with(&later.path))
         {
-            return Err((pair[0].0, "its output is inside another loop's".into()));
+            return Err(Misplaced::of(pair[0].0, LoopError::Inside));
         }
     }
     let mut out = renders.base.clone();
     for (k, r) in &regions {
-        let at = pointer(&mut out, &r.path).ok_or((*k, "lost its place".to_owned()))?;
+        let at = pointer(&mut out, &r.path).ok_or(Misplaced::of(*k, LoopError::LostItsPlace))?;
         match (at, &r.other) {
             (Value::String(s), Value::String(other)) => {
                 let chars: Vec<char> = s.chars().collect();
                 let mut new: String = chars[..r.at].iter().collect();
-                new.push(LOOP_OPEN);
-                new.push_str(&format!("{k}{CLOSE}"));
+                new.push_str(&markers::loop_open(*k));
                 new.extend(&chars[r.at..r.at + r.len]);
                 new.push(LOOP_ELSE);
                 new.push_str(other);
@@ -588,7 +543,7 @@ pub fn build(renders: &Renders, iters_of: &[BTreeSet<usize>]) -> Result<Value, (
                 let each: Vec<Value> = items.drain(r.at..r.at + r.len).collect();
                 items.insert(r.at, json!({LOOP_KEY: k, "each": each, "else": other}));
             }
-            _ => return Err((*k, "lost its place".into())),
+            _ => return Err(Misplaced::of(*k, LoopError::LostItsPlace)),
         }
     }
     let owner: Vec<usize> = {
@@ -615,23 +570,20 @@ fn pointer<'v>(v: &'v mut Value, path: &[Seg]) -> Option<&'v mut Value> {
 
 /// Iteration markers back to their emit's number (`ITER j CLOSE` in text, `INT j CLOSE` for a
 /// whole number), each checked to be inside its own loop's body.
-fn untag(v: &Value, inside: Option<usize>, owner: &[usize]) -> Result<Value, (usize, String)> {
-    let check = |j: usize, inside: Option<usize>| -> Result<(), (usize, String)> {
+fn untag(v: &Value, inside: Option<usize>, owner: &[usize]) -> Result<Value, Misplaced> {
+    let check = |j: usize, inside: Option<usize>| -> Result<(), Misplaced> {
         let k = owner.get(j).copied().unwrap_or(usize::MAX);
         if inside == Some(k) {
             Ok(())
         } else {
-            Err((
-                k,
-                "a value of its item reaches the fragment outside the loop's output".into(),
-            ))
+            Err(Misplaced::of(k, LoopError::OutsideItsOutput))
         }
     };
     Ok(match v {
         Value::Number(n) => match n.as_i64().and_then(int_marker) {
             Some((j, _)) => {
                 check(j, inside)?;
-                Value::String(format!("{INT}{j}{CLOSE}"))
+                Value::String(markers::int(j))
             }
             None => v.clone(),
         },
@@ -647,9 +599,9 @@ fn untag(v: &Value, inside: Option<usize>, owner: &[usize]) -> Result<Value, (us
                     let j = after[..end].split('.').next().unwrap_or("");
                     let j: usize = j
                         .parse()
-                        .map_err(|_| (usize::MAX, "a broken marker".to_owned()))?;
+                        .map_err(|_| Misplaced::of(usize::MAX, LoopError::BrokenMarker))?;
                     check(j, inside)?;
-                    out.push_str(&format!("{ITER}{j}{CLOSE}"));
+                    out.push_str(&markers::iter(j));
                     rest = after.get(end + CLOSE.len_utf8()..).unwrap_or("");
                 } else if c.is_ascii_digit() {
                     let len = rest
@@ -659,7 +611,7 @@ fn untag(v: &Value, inside: Option<usize>, owner: &[usize]) -> Result<Value, (us
                     match digits.parse::<i64>().ok().and_then(int_marker) {
                         Some((j, _)) => {
                             check(j, inside)?;
-                            out.push_str(&format!("{ITER}{j}{CLOSE}"));
+                            out.push_str(&markers::iter(j));
                         }
                         None => out.push_str(digits),
                     }
@@ -711,28 +663,25 @@ pub fn instantiate(
     lists: &[Vec<Value>],
     iters: &[(usize, IterExpr)],
     at: Option<&Iteration<'_>>,
-) -> Result<Value, String> {
-    let eval = |j: usize, at: Option<&Iteration<'_>>| -> Result<Value, String> {
-        let (_, e) = iters.get(j).ok_or("an unknown marker")?;
-        e.eval(at.ok_or("a value of an item outside its loop")?)
+) -> Result<Value, EvalError> {
+    let eval = |j: usize, at: Option<&Iteration<'_>>| -> Result<Value, EvalError> {
+        let (_, e) = iters.get(j).ok_or(EvalError::UnknownMarker)?;
+        e.eval(at.ok_or(EvalError::OutsideItsLoop)?)
     };
     Ok(match v {
         Value::String(s) => {
-            if let Some(j) = s
-                .strip_prefix(INT)
-                .and_then(|r| r.strip_suffix(CLOSE))
-                .and_then(|n| n.parse::<usize>().ok())
-            {
+            if let Some(j) = markers::int_ref(s) {
                 return eval(j, at);
             }
-            Value::String(expand(&parse(s)?, lists, iters, at)?)
+            let pieces = parse(s)?;
+            Value::String(expand(&pieces, lists, iters, at)?)
         }
         Value::Array(items) => {
             let mut out = Vec::new();
             for i in items {
                 match i.get(LOOP_KEY).and_then(Value::as_u64) {
                     Some(k) => {
-                        let list = lists.get(k as usize).ok_or("an unknown loop")?;
+                        let list = lists.get(k as usize).ok_or(EvalError::UnknownLoop)?;
                         if list.is_empty() {
                             for e in i["else"].as_array().into_iter().flatten() {
                                 out.push(instantiate(e, lists, iters, at)?);
@@ -757,7 +706,7 @@ pub fn instantiate(
         Value::Object(o) => Value::Object(
             o.iter()
                 .map(|(k, v)| Ok((k.clone(), instantiate(v, lists, iters, at)?)))
-                .collect::<Result<_, String>>()?,
+                .collect::<Result<_, EvalError>>()?,
         ),
         other => other.clone(),
     })
@@ -768,20 +717,18 @@ fn expand(
     lists: &[Vec<Value>],
     iters: &[(usize, IterExpr)],
     at: Option<&Iteration<'_>>,
-) -> Result<String, String> {
+) -> Result<String, EvalError> {
     let mut out = String::new();
     for p in pieces {
         match p {
             Piece::Text(t) => out.push_str(t),
-            Piece::Marker(i) => out.push_str(&format!("{OPEN}{i}{CLOSE}")),
+            Piece::Marker(i) => out.push_str(&markers::marker(*i)),
             Piece::Iter(j) => {
-                let (_, e) = iters.get(*j).ok_or("an unknown marker")?;
-                out.push_str(&text(
-                    &e.eval(at.ok_or("a value of an item outside its loop")?)?,
-                ));
+                let (_, e) = iters.get(*j).ok_or(EvalError::UnknownMarker)?;
+                out.push_str(&text(&e.eval(at.ok_or(EvalError::OutsideItsLoop)?)?));
             }
             Piece::Loop { k, body, other } => {
-                let list = lists.get(*k).ok_or("an unknown loop")?;
+                let list = lists.get(*k).ok_or(EvalError::UnknownLoop)?;
                 if list.is_empty() {
                     out.push_str(&expand(other, lists, iters, at)?);
                 }
@@ -802,6 +749,7 @@ fn expand(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::markers::INT_BASE;
 
     #[test]
     fn a_string_loop_is_found_between_what_its_iterations_share() {

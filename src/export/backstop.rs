@@ -1,0 +1,300 @@
+//! The backstop: a ValidatingAdmissionPolicy holding what CEL can check of the validator's
+//! contract, so that an opted-in pod the injector did not reach is refused with a message that
+//! says so, whatever the webhooks' failure policies; and its bindings, one per opt-in rule.
+//! It runs from Kubernetes 1.30, so it uses no list function of 1.34 (`flatten`, `distinct`).
+
+use serde_json::{Value, json};
+
+use crate::engine::config::{Injector, ValidationMode};
+use crate::engine::template::Fragment;
+use crate::export::cel;
+use crate::export::markers;
+use crate::export::objects::{
+    ExportError, Selection, base_name, bindings, conditions, match_constraints, metadata, refused,
+    windows_ok,
+};
+use crate::export::read::read;
+use crate::export::symbolic::Symbolic;
+
+/// The ValidatingAdmissionPolicy and its bindings.
+/// `images`: also refuse a sidecar whose image is not the one its template fixes. Off unless
+/// asked: such a backstop must change in the same instant as the injector's configuration (a
+/// reload, a rollout), or it refuses pods the injector injected with the other version.
+pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Value>, ExportError> {
+    let names: Vec<String> = inj.templates.names().map(str::to_owned).collect();
+    if names.is_empty() {
+        return Err(ExportError::NoTemplates);
+    }
+    let fragments = fragments(inj, &names)?;
+    let refusals = override_refusals(inj, &names);
+    let variables = variables(inj, &names, &fragments, images, refusals.as_deref());
+    let validations = validations(inj, &names, refusals.is_some());
+    let cfg = &inj.config;
+    let base = base_name(inj);
+    let action = match cfg.validation.mode {
+        ValidationMode::Enforce => "Deny",
+        ValidationMode::Warn => "Warn",
+    };
+    let policy = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": metadata(inj, format!("{base}-backstop")),
+        "spec": {
+            // In-process: an error is a bug of the expressions, and a pod let through unchecked
+            // is what the backstop exists to prevent.
+            "failurePolicy": "Fail",
+            "matchConstraints": match_constraints(inj, &["CREATE"]),
+            "matchConditions": conditions(inj),
+            "variables": variables,
+            "validations": validations,
+        },
+    });
+    let mut docs = vec![policy];
+    for (suffix, selectors) in bindings(inj, sel) {
+        docs.push(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": metadata(inj, format!("{base}-backstop{suffix}")),
+            "spec": {
+                "policyName": format!("{base}-backstop"),
+                "validationActions": [action],
+                "matchResources": selectors,
+            },
+        }));
+    }
+    Ok(docs)
+}
+
+/// Each template rendered for every pod or, where it cannot be, for the set's sample pod: the
+/// backstop checks only what does not depend on the pod (names, lists, restart policy, images
+/// without a value read of the pod).
+fn fragments(inj: &Injector, names: &[String]) -> Result<Vec<(String, Fragment)>, ExportError> {
+    let symbolic: Vec<(String, Option<Symbolic>)> = names
+        .iter()
+        .map(|n| (n.clone(), read(inj, n).ok()))
+        .collect();
+    let mut fragments = Vec::new();
+    for (name, s) in &symbolic {
+        let f = match s {
+            Some(s) => s.fragment.clone(),
+            None => sample_fragment(inj, name)?,
+        };
+        fragments.push((name.clone(), f));
+    }
+    Ok(fragments)
+}
+
+/// What the contract holds each injected template to, as CEL: the sidecars `missing` (lists
+/// of names) and the `problems` (messages: a sidecar in the other list, without its restart
+/// policy or its image; a volume missing; the status annotation missing).
+fn contract(
+    inj: &Injector,
+    fragments: &[(String, Fragment)],
+    images: bool,
+) -> (Vec<String>, Vec<String>) {
+    let cfg = &inj.config;
+    let status = cel::string(&cfg.status_annotation);
+    let mut missing = Vec::new();
+    let mut problems = Vec::new();
+    for (name, f) in fragments {
+        let t = cel::string(name);
+        let lists = [
+            ("containers", &f.containers, "initContainers"),
+            ("initContainers", &f.init_containers, "containers"),
+        ];
+        for (list, wanted, other) in lists {
+            for c in wanted {
+                let s = cel::string(&c.name);
+                let guard = format!("{t} in variables.injected && !({s} in variables.kept)");
+                missing.push(format!(
+                    "({guard} && !({s} in variables.names)) ? [{}] : []",
+                    cel::string(&format!("{} (template {name})", c.name))
+                ));
+                problems.push(format!(
+                    "({guard} && {s} in variables.{other} && !({s} in variables.{list})) ? {} : \"\"",
+                    cel::string(&format!(
+                        "sidecar {:?} (template {name}) must be in spec.{list} but is in spec.{other}",
+                        c.name
+                    ))
+                ));
+                let found = format!(
+                    "(has(object.spec.{list}) ? object.spec.{list} : []).exists(c, c.name == {s}"
+                );
+                if c.restart_policy.as_deref() == Some("Always") {
+                    problems.push(format!(
+                        "({guard} && {found} && (!has(c.restartPolicy) || c.restartPolicy != \"Always\"))) ? {} : \"\"",
+                        cel::string(&format!(
+                            "sidecar {:?} (template {name}) must have restartPolicy: Always (a native sidecar)",
+                            c.name
+                        ))
+                    ));
+                }
+                if let Some(image) = c
+                    .image
+                    .as_deref()
+                    .filter(|i| images && !markers::symbolic(i))
+                {
+                    problems.push(format!(
+                        "({guard} && {found} && (!has(c.image) || c.image != {}))) ? {} : \"\"",
+                        cel::string(image),
+                        cel::string(&format!(
+                            "sidecar {:?} (template {name}) must run image {image}: the injector owns it",
+                            c.name
+                        ))
+                    ));
+                }
+            }
+        }
+        for v in &f.volumes {
+            problems.push(format!(
+                "({t} in variables.injected && !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {s}))) ? {} : \"\"",
+                cel::string(&format!("volume {:?} (template {name}) is missing from spec.volumes", v.name)),
+                s = cel::string(&v.name),
+            ));
+        }
+    }
+    problems.push(format!(
+        "(variables.injected.size() > 0 && !(has(object.metadata.annotations) && {status} in object.metadata.annotations)) ? {} : \"\"",
+        cel::string(&format!("annotation {} is missing: the pod did not pass through the sidecar injector", cfg.status_annotation))
+    ));
+    (missing, problems)
+}
+
+/// The policy's variables: whether the pod is held to this export's contract (`current`),
+/// the templates it asks for, unknown and injected, its container names, the sidecars it
+/// kept, the first override not allowed (with `refusals`), and what is missing or wrong.
+fn variables(
+    inj: &Injector,
+    names: &[String],
+    fragments: &[(String, Fragment)],
+    images: bool,
+    refusals: Option<&str>,
+) -> Value {
+    let status = cel::string(&inj.config.status_annotation);
+    let windows_ok = windows_ok(fragments);
+    let known = cel::strings(names.iter().map(String::as_str));
+    let (missing, problems) = contract(inj, fragments, images);
+    let kept = format!(
+        "(has(object.metadata.annotations) && {status} in object.metadata.annotations && object.metadata.annotations[{status}].contains('\"kept\":[')) ? object.metadata.annotations[{status}].split('\"kept\":[')[1].split(']')[0].split(',').map(k, k.trim().replace('\"', '')) : [\"\"]"
+    );
+    // Held to this export's contract: a pod the injector never reached (no status), or one it
+    // injected under this very configuration. A pod injected under another (a replica not yet
+    // reloaded, or already reloaded while this policy is replaced) needs only its status: a
+    // stale backstop never refuses what the running configuration injected.
+    let current = format!(
+        "!(has(object.metadata.annotations) && {status} in object.metadata.annotations) || object.metadata.annotations[{status}].contains({})",
+        cel::string(&format!("\"config\":\"{}\"", inj.digest))
+    );
+    let mut variables = json!([
+        {"name": "current", "expression": current},
+        {"name": "asked", "expression": cel::asked(inj, false)},
+        {"name": "unknown", "expression": format!("variables.current ? variables.asked.filter(n, !(n in {known})) : []")},
+        {"name": "injected", "expression": cel::injected(inj, "variables.asked", &windows_ok)},
+        {"name": "containers", "expression": "has(object.spec.containers) ? object.spec.containers.map(c, c.name) : []"},
+        {"name": "initContainers", "expression": "has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : []"},
+        {"name": "names", "expression": "variables.containers + variables.initContainers"},
+        {"name": "kept", "expression": kept},
+        {"name": "missing", "expression": format!("variables.current ? ({}).filter(m, m != \"\") : []", join_or_empty(&missing))},
+        {"name": "problems", "expression": format!("variables.current ? [{}].filter(p, p != \"\") : []", problems.join(",\n"))},
+    ]);
+    if let (Some(chain), Some(list)) = (refusals, variables.as_array_mut()) {
+        list.insert(
+            3,
+            json!({"name": "overrides", "expression": format!("variables.current ? variables.asked.map(t, {chain}).filter(m, m != \"\") : []")}),
+        );
+    }
+    variables
+}
+
+const NAME_EXPR: &str = "(has(object.metadata.name) && object.metadata.name != \"\" ? object.metadata.name : (has(object.metadata.generateName) ? object.metadata.generateName + \"*\" : \"\"))";
+
+/// The policy's validations, each with the webhook's message: an unknown template, the first
+/// override not allowed (with `overrides`), sidecars missing, other problems.
+fn validations(inj: &Injector, names: &[String], overrides: bool) -> Value {
+    let cfg = &inj.config;
+    // After an unknown template, the webhook refuses the first override not allowed; the
+    // other checks wait for both to pass, so that the pod gets one message.
+    let after = match overrides {
+        true => "variables.unknown.size() > 0 || variables.overrides.size() > 0 || ",
+        false => "variables.unknown.size() > 0 || ",
+    };
+    let mut validations = json!([
+        {
+            "expression": "variables.unknown.size() == 0",
+            "messageExpression": format!(
+                "\"pod \" + {NAME_EXPR} + \": annotation {} names template(s) \" + variables.unknown.join(\", \") + \" that do not exist (known templates: {})\"",
+                cfg.templates_annotation, names.join(", ")
+            ),
+            "reason": "Invalid",
+        },
+        {
+            "expression": format!("{after}variables.missing.size() == 0"),
+            "messageExpression": format!(
+                "\"pod \" + {NAME_EXPR} + \" lacks its sidecar(s) \" + variables.missing.join(\", \") + \": the sidecar injector did not run for it (is it down, or its webhook unreachable?). Create the pod again once the injector is running; `kubectl get pods -n <injector namespace>` shows it.\""
+            ),
+            "reason": "Invalid",
+        },
+        {
+            "expression": format!("{after}variables.missing.size() > 0 || variables.problems.size() == 0"),
+            "messageExpression": format!("\"pod \" + {NAME_EXPR} + \": \" + variables.problems.join(\"; \")"),
+            "reason": "Invalid",
+        },
+    ]);
+    if let (true, Some(list)) = (overrides, validations.as_array_mut()) {
+        list.insert(
+            1,
+            json!({
+                "expression": "variables.unknown.size() > 0 || variables.overrides.size() == 0",
+                "messageExpression": "variables.overrides[0]",
+                "reason": "Invalid",
+            }),
+        );
+    }
+    validations
+}
+
+/// The webhook's refusal of the first override not allowed, for template `t` (CEL, a name the
+/// pod asks for): `""` when there is none.
+fn override_refusals(inj: &Injector, names: &[String]) -> Option<String> {
+    let mut chain = String::from("\"\"");
+    let mut any = false;
+    for name in names.iter().rev() {
+        let checks = cel::override_checks(inj, name);
+        if checks.is_empty() {
+            continue;
+        }
+        any = true;
+        let mut first = String::from("\"\"");
+        for c in checks.iter().rev() {
+            first = format!(
+                "(({} && !({})) ? {} : {first})",
+                c.present, c.allowed, c.message
+            );
+        }
+        chain = format!("(t == {} ? {first} : {chain})", cel::string(name));
+    }
+    any.then_some(chain)
+}
+
+/// Lists joined with `+` (no `flatten()`: a list function of Kubernetes 1.34+, and the
+/// backstop runs from 1.30).
+fn join_or_empty(items: &[String]) -> String {
+    if items.is_empty() {
+        "[\"\"]".into()
+    } else {
+        items
+            .iter()
+            .map(|i| format!("({i})"))
+            .collect::<Vec<_>>()
+            .join("\n+ ")
+    }
+}
+
+/// A template that cannot be read for every pod, rendered for the set's sample pod: its names,
+/// lists and restart policies do not depend on the pod (the set checks that when it loads).
+fn sample_fragment(inj: &Injector, name: &str) -> Result<Fragment, ExportError> {
+    inj.templates
+        .sample(name)
+        .map(|f| (*f).clone())
+        .map_err(|e| refused(name, e))
+}
