@@ -69,6 +69,22 @@ pub enum Cel {
     Refused(&'static str),
 }
 
+/// How the exporter reads the value at `path` under `pod` (a field, or an entry of a map field
+/// with its key): `None` for a path that names no field as a whole (`pod.labels`, a method on a
+/// string). Every path under `pod.spec` is refused alike.
+pub fn cel_at<'p>(path: &[&'p str]) -> Option<(Cel, Option<&'p str>)> {
+    let (first, rest) = path.split_first()?;
+    if *first == "spec" {
+        return Some((Cel::Refused(CEL_SPEC), None));
+    }
+    let cel = Field::named(first, false)?.cel();
+    match (cel, rest) {
+        (Cel::Value(_), []) | (Cel::Refused(_), _) => Some((cel, None)),
+        (Cel::Entry { .. }, [key]) => Some((cel, Some(key))),
+        _ => None,
+    }
+}
+
 /// `pod.name` as templates see it: empty under `generateName` (the API server names the pod
 /// between the mutating and the validating policies).
 const CEL_NAME: &str = "((has(object.metadata.generateName) && object.metadata.generateName != \"\") ? \"\" : (has(object.metadata.name) ? object.metadata.name : \"\"))";

@@ -10,10 +10,8 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, LocalObjectReference, Volume
 use minijinja::{Environment, UndefinedBehavior, Value};
 use serde::{Deserialize, Serialize};
 
+use crate::engine::context::{Owned, PodContext, Reads, Sample};
 use crate::engine::overrides::{self, BadValue, Declared};
-// `Owned` is named here until the exporter reads it from its home.
-pub use crate::engine::context::Owned;
-use crate::engine::context::{PodContext, Reads, Sample};
 
 /// The file name suffix of a template in a templates directory.
 pub const TEMPLATE_SUFFIX: &str = ".yaml.j2";

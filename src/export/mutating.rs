@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
 
 use crate::engine::config::Injector;
-use crate::engine::template::{Fragment, Owned};
+use crate::engine::context::Owned;
+use crate::engine::template::Fragment;
 use crate::export::cel::{self, TOKEN_VOLUME};
 use crate::export::objects::{
     ExportError, MutatingVersion, Selection, base_name, bindings, conditions, match_constraints,

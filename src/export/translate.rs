@@ -11,6 +11,7 @@ use minijinja::machinery::ast::{self, CallArg, Expr};
 use serde_json::Value;
 
 use crate::engine::config::Injector;
+use crate::engine::context::{self, Cel};
 use crate::export::cel;
 use crate::export::loops::Elem;
 use crate::export::symbolic::Refusal;
@@ -319,23 +320,12 @@ impl Translator<'_> {
             }))
         };
         let p: Vec<&str> = path.iter().map(String::as_str).collect();
-        match p[..] {
-            ["namespace"] => defined("request.namespace"),
-            ["name"] => defined(NAME),
-            ["generateName"] => defined(GENERATE_NAME),
-            ["serviceAccount"] => defined(SERVICE_ACCOUNT),
-            ["labels", key] | ["annotations", key] => {
-                let (map, hidden, chars) = match p[0] {
-                    "labels" => (
-                        "labels",
-                        owned.labels.contains(key),
-                        Chars::Plain,
-                    ),
-                    _ => (
-                        "annotations",
-                        owned.annotations.contains(key) || key == cfg.status_annotation,
-                        Chars::Any,
-                    ),
+        match context::cel_at(&p) {
+            Some((Cel::Value(text), _)) => defined(text),
+            Some((Cel::Entry { map, plain }, Some(key))) => {
+                let hidden = match map {
+                    "labels" => owned.labels.contains(key),
+                    _ => owned.annotations.contains(key) || key == cfg.status_annotation,
                 };
                 if hidden {
                     return Err((
@@ -350,19 +340,12 @@ impl Translator<'_> {
                     ),
                     value: CelText {
                         text: format!("object.metadata.{map}[{key}]"),
-                        chars,
+                        chars: if plain { Chars::Plain } else { Chars::Any },
                     },
                 })
             }
-            ["spec", ..] => Err((
-                span,
-                "reads the pod's spec: export supports the pod's metadata only".into(),
-            )),
-            ["owner", ..] => Err((
-                span,
-                "reads the pod's owner: export does not write the Deployment-from-ReplicaSet rule in CEL yet".into(),
-            )),
-            _ => Err((
+            Some((Cel::Refused(why), _)) => Err((span, why.into())),
+            Some((Cel::Entry { .. }, None)) | None => Err((
                 span,
                 "only the pod's name, generateName, namespace, serviceAccount, labels and annotations can be written as CEL".into(),
             )),
@@ -406,15 +389,6 @@ pub(super) fn reads(e: &Expr<'_>, names: &[&str]) -> bool {
         Expr::Map(m) => m.keys.iter().chain(&m.values).any(r),
     }
 }
-
-/// `pod.name` as templates see it: empty under `generateName` (the API server names the pod
-/// between the mutating and the validating policies).
-pub const NAME: &str = "((has(object.metadata.generateName) && object.metadata.generateName != \"\") ? \"\" : (has(object.metadata.name) ? object.metadata.name : \"\"))";
-
-pub const GENERATE_NAME: &str =
-    "(has(object.metadata.generateName) ? object.metadata.generateName : \"\")";
-
-pub const SERVICE_ACCOUNT: &str = "((has(object.spec.serviceAccountName) && object.spec.serviceAccountName != \"\") ? object.spec.serviceAccountName : \"default\")";
 
 fn worst(a: Chars, b: Chars) -> Chars {
     match (a, b) {
