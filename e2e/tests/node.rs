@@ -1064,7 +1064,7 @@ async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<
                 .and_then(|message| {
                     for needle in [
                         format!("ValidatingAdmissionPolicy '{POLICY}'"),
-                        format!("lacks its sidecar(s) {sidecar} (template agent)"),
+                        format!("lacks its sidecar(s) {sidecar:?} (template \"agent\")"),
                     ] {
                         ensure!(message.contains(&needle), "expected {needle:?} in: {message}");
                     }

@@ -436,7 +436,7 @@ async fn p02_backstop_refuses_what_the_injector_did_not_reach() -> anyhow::Resul
                     let message = rejects(&pods, &opted_in("refused")).await.unwrap_or(message);
                     for needle in [
                         "ValidatingAdmissionPolicy 'sidecar-injector-backstop",
-                        "lacks its sidecar(s) log-shipper (template log-shipper), proxy (template proxy)",
+                        "lacks its sidecar(s) \"log-shipper\" (template \"log-shipper\"), \"proxy\" (template \"proxy\")",
                         "the sidecar injector did not run for it",
                     ] {
                         ensure!(message.contains(needle), "expected {needle:?} in the refusal, got: {message}");
@@ -510,7 +510,7 @@ async fn p03_a_stale_backstop_never_refuses_what_the_running_configuration_injec
                 }
             })
             .await?;
-            ensure!(message.contains("mesh-agent (template mesh-agent)"), "the stale backstop names its own sidecars: {message}");
+            ensure!(message.contains("\"mesh-agent\" (template \"mesh-agent\")"), "the stale backstop names its own sidecars: {message}");
             for (ns, what) in [(&injected, "the stale backstop"), (&current, "the running configuration's backstop")] {
                 let pods = cx.pods_in(ns);
                 for (name, pod) in [

@@ -645,7 +645,7 @@ async fn s08_validator_refuses_what_the_mutator_missed() -> anyhow::Result<()> {
                     let message = rejects(&cx.pods(), &opted_in("no-sidecars")).await?;
                     ensure!(
                         message.contains("ValidatingAdmissionPolicy 'sidecar-injector-backstop'")
-                            && message.contains("pod no-sidecars lacks its sidecar(s) log-shipper (template log-shipper), proxy (template proxy)"),
+                            && message.contains("pod no-sidecars lacks its sidecar(s) \"log-shipper\" (template \"log-shipper\"), \"proxy\" (template \"proxy\")"),
                         "expected the backstop's refusal, got: {message}"
                     );
                     return Ok(());

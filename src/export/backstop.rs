@@ -6,6 +6,7 @@
 use serde_json::{Value, json};
 
 use crate::engine::config::{Injector, ValidationMode};
+use crate::engine::messages;
 use crate::engine::template::Fragment;
 use crate::export::cel;
 use crate::export::markers;
@@ -108,14 +109,11 @@ fn contract(
                 let guard = format!("{t} in variables.injected && !({s} in variables.kept)");
                 missing.push(format!(
                     "({guard} && !({s} in variables.names)) ? [{}] : []",
-                    cel::string(&format!("{} (template {name})", c.name))
+                    cel::string(&messages::sidecar_of(&c.name, name))
                 ));
                 problems.push(format!(
                     "({guard} && {s} in variables.{other} && !({s} in variables.{list})) ? {} : \"\"",
-                    cel::string(&format!(
-                        "sidecar {:?} (template {name}) must be in spec.{list} but is in spec.{other}",
-                        c.name
-                    ))
+                    cel::string(&messages::sidecar_in_wrong_list(&c.name, name, list, other))
                 ));
                 let found = format!(
                     "(has(object.spec.{list}) ? object.spec.{list} : []).exists(c, c.name == {s}"
@@ -123,10 +121,7 @@ fn contract(
                 if c.restart_policy.as_deref() == Some("Always") {
                     problems.push(format!(
                         "({guard} && {found} && (!has(c.restartPolicy) || c.restartPolicy != \"Always\"))) ? {} : \"\"",
-                        cel::string(&format!(
-                            "sidecar {:?} (template {name}) must have restartPolicy: Always (a native sidecar)",
-                            c.name
-                        ))
+                        cel::string(&messages::sidecar_not_native(&c.name, name))
                     ));
                 }
                 if let Some(image) = c
@@ -137,10 +132,7 @@ fn contract(
                     problems.push(format!(
                         "({guard} && {found} && (!has(c.image) || c.image != {}))) ? {} : \"\"",
                         cel::string(image),
-                        cel::string(&format!(
-                            "sidecar {:?} (template {name}) must run image {image}: the injector owns it",
-                            c.name
-                        ))
+                        cel::string(&messages::sidecar_image(&c.name, name, image))
                     ));
                 }
             }
@@ -148,14 +140,14 @@ fn contract(
         for v in &f.volumes {
             problems.push(format!(
                 "({t} in variables.injected && !(has(object.spec.volumes) && object.spec.volumes.exists(v, v.name == {s}))) ? {} : \"\"",
-                cel::string(&format!("volume {:?} (template {name}) is missing from spec.volumes", v.name)),
+                cel::string(&messages::volume_missing(&v.name, name)),
                 s = cel::string(&v.name),
             ));
         }
     }
     problems.push(format!(
         "(variables.injected.size() > 0 && !(has(object.metadata.annotations) && {status} in object.metadata.annotations)) ? {} : \"\"",
-        cel::string(&format!("annotation {} is missing: the pod did not pass through the sidecar injector", cfg.status_annotation))
+        cel::string(&messages::status_missing(&cfg.status_annotation))
     ));
     (missing, problems)
 }
