@@ -1107,4 +1107,21 @@ mod tests {
         expected.insert(expected.len() - 1, "spec");
         assert_eq!(top, expected);
     }
+
+    /// docs/CONFIGURATION.md's table of the template context names every field.
+    #[test]
+    fn the_configuration_docs_name_every_field() {
+        let doc = include_str!("../../docs/CONFIGURATION.md");
+        let spec_row = doc
+            .lines()
+            .find(|l| l.starts_with("| `pod.spec` |"))
+            .expect("a row for pod.spec");
+        for f in Field::ALL {
+            let named = match f.in_spec() {
+                true => spec_row.contains(&format!("`{}`", f.name())),
+                false => doc.contains(&format!("`pod.{}`", f.name())),
+            };
+            assert!(named, "docs/CONFIGURATION.md does not name {f:?}");
+        }
+    }
 }
