@@ -151,12 +151,29 @@ fn check_spec(annotation: &str, spec: &Spec) -> Result<(), String> {
 
 /// A pod's value that is not allowed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("annotation {annotation}: {value:?} is not allowed: {allowed}")]
 pub struct BadValue {
     pub annotation: String,
     pub value: String,
     /// What is allowed, in words.
     pub allowed: String,
+}
+
+impl BadValue {
+    /// The refusal's words around the value (written `{value:?}` between them): the webhook's
+    /// message, and the exporter's, which writes the value in CEL in between.
+    pub fn around(annotation: &str, allowed: &str) -> (String, String) {
+        (
+            format!("annotation {annotation}: "),
+            format!(" is not allowed: {allowed}"),
+        )
+    }
+}
+
+impl std::fmt::Display for BadValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (before, after) = Self::around(&self.annotation, &self.allowed);
+        write!(f, "{before}{:?}{after}", self.value)
+    }
 }
 
 /// What is allowed for `spec`, in words.

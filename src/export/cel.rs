@@ -2,6 +2,7 @@
 //! opted in, which templates a pod asks for, what of the pod templates see).
 
 use crate::engine::config::Injector;
+use crate::engine::overrides::{self, BadValue};
 
 /// A CEL string literal.
 pub fn string(s: &str) -> String {
@@ -120,20 +121,18 @@ pub fn override_checks(inj: &Injector, name: &str) -> Vec<OverrideCheck> {
             let quoted = format!(
                 "{value}.replace(\"\\\\\", \"\\\\\\\\\").replace(\"\\\"\", \"\\\\\\\"\").replace(\"\\n\", \"\\\\n\").replace(\"\\r\", \"\\\\r\").replace(\"\\t\", \"\\\\t\")"
             );
+            let (before, after) = BadValue::around(annotation, &overrides::describe(spec));
             OverrideCheck {
                 present: format!(
                     "(has(object.metadata.annotations) && {key} in object.metadata.annotations)"
                 ),
                 allowed: spec.cel_test(&value, string),
+                // The webhook's words (`InjectError::BadOverride` around `BadValue`), the
+                // value between its quotes.
                 message: format!(
                     "{} + {quoted} + {}",
-                    string(&format!(
-                        "sidecar-injector: template {name:?}: annotation {annotation}: \""
-                    )),
-                    string(&format!(
-                        "\" is not allowed: {}",
-                        crate::engine::overrides::describe(spec)
-                    )),
+                    string(&format!("sidecar-injector: template {name:?}: {before}\"")),
+                    string(&format!("\"{after}")),
                 ),
             }
         })
