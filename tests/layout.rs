@@ -150,7 +150,10 @@ fn named_paths(code: &str, module: &[String]) -> Vec<Vec<String>> {
         if rest[end..].starts_with('{') {
             let group = &rest[end + 1..rest[end..].find('}').map_or(rest.len(), |i| end + i)];
             for item in group.split(',') {
-                let item = item.trim().trim_start_matches("self");
+                let item = match item.trim() {
+                    "self" => "",
+                    item => item,
+                };
                 let mut full = head.clone();
                 full.extend(
                     item.split("::")

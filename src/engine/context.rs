@@ -378,10 +378,10 @@ pub enum Sample {
     Busy,
 }
 
-impl PodContext<'static> {
-    /// A sample pod, field by field.
-    pub fn sample(which: Sample) -> Self {
-        let mut ctx = PodContext {
+impl PodContext<'_> {
+    /// A context with every field empty (`spec: {}`), for the fields to be filled in.
+    fn empty() -> Self {
+        PodContext {
             name: "",
             generate_name: "",
             namespace: "",
@@ -390,7 +390,14 @@ impl PodContext<'static> {
             service_account: "",
             spec: serde_json::Value::Object(Default::default()),
             owner: Owner::default(),
-        };
+        }
+    }
+}
+
+impl PodContext<'static> {
+    /// A sample pod, field by field.
+    pub fn sample(which: Sample) -> Self {
+        let mut ctx = PodContext::empty();
         for f in Field::ALL {
             ctx.set_sample(f, which);
         }
@@ -618,7 +625,7 @@ pub fn owner(pod: &PodView<'_>, workload: Option<&Owner>) -> Owner {
 /// are made from.
 pub struct Source<'a> {
     pub pod: &'a PodView<'a>,
-    /// The request's namespace when the object carries none.
+    /// The pod's namespace (the request's when the object carries none).
     pub namespace: &'a str,
     pub owned: &'a Owned,
     pub status_annotation: &'a str,
@@ -729,16 +736,7 @@ impl<'a> Source<'a> {
     /// The template context. Fields are read as k8s-openapi types, so a value of the wrong type
     /// is an error here.
     pub fn context(&self) -> Result<PodContext<'a>, serde_json::Error> {
-        let mut ctx = PodContext {
-            name: "",
-            generate_name: "",
-            namespace: "",
-            labels: BTreeMap::new(),
-            annotations: BTreeMap::new(),
-            service_account: "",
-            spec: serde_json::Value::Object(Default::default()),
-            owner: Owner::default(),
-        };
+        let mut ctx = PodContext::empty();
         for field in Field::ALL {
             self.project(field, &mut ctx)?;
         }
