@@ -790,13 +790,25 @@ async fn n07_prometheus_sees_the_injector_and_alerts_when_it_is_gone() -> anyhow
                 Ok((!up.is_empty()).then_some(()))
             })
             .await?;
-            eventually("Prometheus to see the reviews", SEEN, || async {
-                let reviews = prometheus
-                    .query(&format!(
-                        r#"sum(sidecar_injector_reviews_total{{{own},webhook="validate"}}) > 0"#
-                    ))
-                    .await?;
-                Ok((!reviews.is_empty()).then_some(()))
+            // The reviews above may have been answered by a pod of the rollout n04 just did,
+            // which has since gone with its counters: until the scrape shows validating reviews
+            // by the pods serving now, each round sends one more.
+            let mut round = 0;
+            eventually("Prometheus to see the reviews", SEEN, || {
+                round += 1;
+                let (prometheus, own, pods) = (&prometheus, &own, cx.pods());
+                async move {
+                    let reviews = prometheus
+                        .query(&format!(
+                            r#"sum(sidecar_injector_reviews_total{{{own},webhook="validate"}}) > 0"#
+                        ))
+                        .await?;
+                    if reviews.is_empty() {
+                        let pod = dry_run(&pods, &opted_in(&format!("watched-{}", round % 2))).await?;
+                        check_injected(&pod)?;
+                    }
+                    Ok((!reviews.is_empty()).then_some(()))
+                }
             })
             .await?;
 
