@@ -137,6 +137,10 @@ fn generated(i: u64) -> Value {
         // A container of the pod's own under a sidecar's name: left alone, listed as kept.
         containers.push(json!({"name": "log-shipper", "image": app_image()}));
     }
+    if g.chance(10) {
+        // Another mesh's proxy: the proxy template is not injected beside it.
+        containers.push(json!({"name": "istio-proxy", "image": app_image()}));
+    }
     let mut spec = json!({"containers": containers});
     let inits = g.next() % 3;
     if inits > 0 {
@@ -153,6 +157,28 @@ fn generated(i: u64) -> Value {
                 })
                 .collect::<Vec<_>>()
         );
+    }
+    // The QoS class: Guaranteed (every own container's limits, requests left to the API
+    // server's default or written equal in another form), Burstable (one request below its
+    // limit) or none. A Guaranteed pod's sidecars get their requests as limits.
+    let class = g.next() % 4;
+    if class < 2 {
+        let mut first = true;
+        for list in ["containers", "initContainers"] {
+            for c in spec[list].as_array_mut().into_iter().flatten() {
+                let (cpu, memory) = (*g.pick(&["100m", "1", "250m"]), *g.pick(&["64Mi", "128Mi"]));
+                let mut resources = json!({"limits": {"cpu": cpu, "memory": memory}});
+                if g.chance(2) {
+                    let request = if cpu == "1" { "1000m" } else { cpu };
+                    resources["requests"] = json!({"cpu": request, "memory": memory});
+                }
+                if class == 1 && first {
+                    resources["requests"] = json!({"cpu": "10m", "memory": memory});
+                }
+                first = false;
+                c["resources"] = resources;
+            }
+        }
     }
     let mut volumes = Vec::new();
     if containers_mount_data(&spec) || g.chance(3) {

@@ -2409,3 +2409,98 @@ async fn s26_limit_ranges_and_quotas_admit_pods_their_overrides_fit() -> anyhow:
     })
     .await
 }
+
+/// `pod` with `resources` on each of its own containers and init containers.
+fn with_resources(mut pod: Pod, resources: serde_json::Value) -> anyhow::Result<Pod> {
+    let resources: k8s_openapi::api::core::v1::ResourceRequirements = from_json(resources)?;
+    if let Some(spec) = pod.spec.as_mut() {
+        for c in spec
+            .containers
+            .iter_mut()
+            .chain(spec.init_containers.iter_mut().flatten())
+        {
+            c.resources = Some(resources.clone());
+        }
+    }
+    Ok(pod)
+}
+
+fn qos_class(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.qos_class.as_deref()
+}
+
+/// s27. The pod's class and ports are kept. A `Guaranteed` pod stays `Guaranteed` as the API
+/// server stores it (`status.qosClass`): its sidecars' limits are their requests; a
+/// `Burstable` one keeps the sidecars' own limits. A pod that already runs another mesh's
+/// proxy (a container named `istio-proxy`) gets the log shipper but not our proxy. A pod
+/// whose own container declares the proxy's port is refused, naming both and the fix.
+#[tokio::test]
+async fn s27_the_pods_class_and_ports_are_kept() -> anyhow::Result<()> {
+    scenario("s27-class-and-ports", &[], |cx| async move {
+        let pods = cx.pods();
+        let resources_of = |pod: &Pod, name: &str| {
+            init_containers(pod)
+                .iter()
+                .find(|c| c.name == name)
+                .and_then(|c| c.resources.clone())
+                .map(|r| (r.requests.unwrap_or_default(), r.limits.unwrap_or_default()))
+        };
+        let exact = json!({"limits": {"cpu": "100m", "memory": "64Mi"}});
+        let stored = accepts(&pods, &with_resources(opted_in("guaranteed"), exact)?).await?;
+        check_injected(&stored)?;
+        ensure!(
+            qos_class(&stored) == Some("Guaranteed"),
+            "the Guaranteed pod is stored as {:?}",
+            qos_class(&stored)
+        );
+        for sidecar in SIDECARS {
+            let (requests, limits) = resources_of(&stored, sidecar).context("no resources")?;
+            ensure!(requests == limits, "{sidecar}: requests {requests:?}, limits {limits:?}");
+        }
+        let (requests, _) = resources_of(&stored, PROXY).context("no proxy")?;
+        ensure!(
+            requests.get("cpu").map(|q| q.0.as_str()) == Some("50m"),
+            "the proxy's cpu request is {requests:?}"
+        );
+        let loose = json!({"requests": {"cpu": "50m", "memory": "32Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}});
+        let stored = accepts(&pods, &with_resources(opted_in("burstable"), loose)?).await?;
+        check_injected(&stored)?;
+        let (_, limits) = resources_of(&stored, PROXY).context("no proxy")?;
+        ensure!(
+            qos_class(&stored) == Some("Burstable")
+                && limits.get("cpu").map(|q| q.0.as_str()) == Some("500m"),
+            "the Burstable pod: {:?}, proxy limits {limits:?}",
+            qos_class(&stored)
+        );
+
+        let mut meshed = opted_in("meshed");
+        if let Some(spec) = meshed.spec.as_mut() {
+            spec.containers.push(k8s_openapi::api::core::v1::Container {
+                name: "istio-proxy".into(),
+                image: Some(app_image()),
+                ..Default::default()
+            });
+        }
+        let stored = accepts(&pods, &meshed).await?;
+        let inits: Vec<&str> = init_containers(&stored).iter().map(|c| c.name.as_str()).collect();
+        ensure!(
+            inits.contains(&LOG_SHIPPER) && !inits.contains(&PROXY),
+            "the pod with istio-proxy has init containers {inits:?}"
+        );
+
+        let mut clash = opted_in("clash");
+        if let Some(c) = clash.spec.as_mut().and_then(|s| s.containers.first_mut()) {
+            c.ports = Some(vec![from_json(json!({"containerPort": 15001}))?]);
+        }
+        let refusal = rejects(&pods, &clash).await?;
+        println!("s27: the pod declaring 15001: {refusal}");
+        ensure!(
+            refusal.contains("sidecar \"proxy\" declares port 15001/TCP, which the pod's container \"app\" declares too")
+                && refusal.contains("sidecar-injector.io/templates"),
+            "expected the port clash's refusal, got: {refusal}"
+        );
+        println!("s27: Guaranteed kept (sidecars' limits = requests), Burstable untouched, istio-proxy's pod without our proxy, the port clash refused");
+        Ok(())
+    })
+    .await
+}

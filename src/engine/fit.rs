@@ -1,11 +1,15 @@
 //! Whether a template's sidecars leave a pod's fate as it was: a pod that runs to completion
-//! still completes, and a namespace that enforces Pod Security's `restricted` profile still
-//! admits the pod. The words a template author (when a configuration is loaded) and a pod owner
-//! (in an admission warning, `inject` and `explain`) read about it are written here, once.
+//! still completes, a namespace that enforces Pod Security's `restricted` profile still
+//! admits the pod, a `Guaranteed` pod stays so, and no sidecar takes a port the pod uses. The
+//! words a template author (when a configuration is loaded) and a pod owner (in an admission
+//! warning, `inject` and `explain`) read about it are written here, once.
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Container, SecurityContext};
 
 use crate::engine::template::Fragment;
+use crate::engine::view::PodView;
 
 /// The note for a pod that runs to completion (`why`: its `restartPolicy`, or the Job it belongs
 /// to) given a regular container: the pod keeps running after the application ends.
@@ -229,4 +233,236 @@ mod tests {
             advice[1]
         );
     }
+}
+
+/// The resources a pod's QoS class is decided on.
+const QOS_RESOURCES: [&str; 2] = ["cpu", "memory"];
+
+/// The cpu and memory of a `requests` or `limits` map, as written.
+#[derive(Default, serde::Deserialize)]
+struct Amounts<'a> {
+    #[serde(borrow, default)]
+    cpu: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    memory: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl Amounts<'_> {
+    fn get(&self, resource: &str) -> Option<&str> {
+        match resource {
+            "cpu" => self.cpu.as_deref(),
+            _ => self.memory.as_deref(),
+        }
+    }
+}
+
+#[derive(Default, serde::Deserialize)]
+struct Resources<'a> {
+    #[serde(borrow, default)]
+    requests: Option<Amounts<'a>>,
+    #[serde(borrow, default)]
+    limits: Option<Amounts<'a>>,
+}
+
+/// Two quantities as Kubernetes compares them (`1` and `1000m` are equal).
+fn same_quantity(a: &str, b: &str) -> bool {
+    use kube_quantity::ParsedQuantity;
+    if a == b {
+        return true;
+    }
+    match (ParsedQuantity::try_from(a), ParsedQuantity::try_from(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+/// Whether requirements written as `json` (a container's or the pod's `resources`) are of the
+/// Guaranteed kind: a cpu and a memory limit, and requests, where given, equal to them (the
+/// API server sets a missing request to its limit).
+fn guaranteed_resources(json: Option<&str>) -> bool {
+    let Some(json) = json else {
+        return false;
+    };
+    let Ok(r) = serde_json::from_str::<Resources<'_>>(json) else {
+        return false;
+    };
+    let (Some(limits), requests) = (r.limits, r.requests.unwrap_or_default()) else {
+        return false;
+    };
+    QOS_RESOURCES
+        .iter()
+        .all(|res| match (limits.get(res), requests.get(res)) {
+            (Some(limit), Some(request)) => same_quantity(limit, request),
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+}
+
+/// Whether pod-level `resources` (the pod's budget) are set: then they, not the containers,
+/// decide the pod's QoS class (Kubernetes 1.34+).
+fn pod_level(json: Option<&str>) -> bool {
+    json.and_then(|j| serde_json::from_str::<Resources<'_>>(j).ok())
+        .is_some_and(|r| {
+            [r.requests, r.limits]
+                .iter()
+                .flatten()
+                .any(|a| a.cpu.is_some() || a.memory.is_some())
+        })
+}
+
+/// Whether the pod's QoS class is `Guaranteed`, as the kubelet decides it: from its pod-level
+/// resources when it sets them, or else every container and init container has cpu and memory
+/// limits and requests equal to them. The sidecars of `owned` (every template's) are left out,
+/// so the pod as it arrives and the pod as injected are judged alike.
+pub fn guaranteed(pod: &PodView<'_>, owned: &BTreeSet<String>) -> bool {
+    let budget = pod.spec.as_ref().and_then(|s| s.resources).map(|r| r.get());
+    if pod_level(budget) {
+        return guaranteed_resources(budget);
+    }
+    let own = || {
+        pod.containers()
+            .iter()
+            .chain(pod.init_containers())
+            .filter(|c| !owned.contains(c.name.as_str()))
+    };
+    // Cheap first: a container without `resources` settles it without parsing any.
+    own().next().is_some()
+        && own().all(|c| c.resources.is_some())
+        && own().all(|c| guaranteed_resources(c.resources.map(|r| r.get())))
+}
+
+/// A sidecar, as JSON, for a `Guaranteed` pod: its cpu and memory limits are its requests (a
+/// resource with only a limit gets a request equal to it), so that the pod keeps its class.
+/// The resources it sets neither for are returned: it cannot be made so. The one rule, read
+/// by the webhook ([`for_guaranteed`]) and by the exporter (on the template's JSON, whose
+/// values may stand for expressions).
+pub fn guaranteed_sidecar(container: &mut serde_json::Value) -> Vec<&'static str> {
+    use serde_json::{Map, Value};
+    let Some(fields) = container.as_object_mut() else {
+        return QOS_RESOURCES.to_vec();
+    };
+    let mut unbounded = Vec::new();
+    let resources = fields
+        .entry("resources")
+        .or_insert_with(|| Value::Object(Map::new()));
+    let Some(r) = resources.as_object_mut() else {
+        return QOS_RESOURCES.to_vec();
+    };
+    for res in QOS_RESOURCES {
+        let amount =
+            |r: &Map<String, Value>, list: &str| r.get(list).and_then(|m| m.get(res)).cloned();
+        let (request, limit) = (amount(r, "requests"), amount(r, "limits"));
+        let (list, value) = match (request, limit) {
+            (Some(q), _) => ("limits", q),
+            (None, Some(q)) => ("requests", q),
+            (None, None) => {
+                unbounded.push(res);
+                continue;
+            }
+        };
+        if let Some(m) = r
+            .entry(list)
+            .or_insert_with(|| Value::Object(Map::new()))
+            .as_object_mut()
+        {
+            m.insert(res.to_owned(), value);
+        }
+    }
+    if r.is_empty() {
+        fields.remove("resources");
+    }
+    unbounded
+}
+
+/// The rendering for a `Guaranteed` pod ([`guaranteed_sidecar`] for each sidecar), with the
+/// sidecars that cannot be made so, and the resource.
+pub fn for_guaranteed(fragment: &Fragment) -> (Fragment, Vec<(String, &'static str)>) {
+    let mut out = fragment.clone();
+    let mut unbounded = Vec::new();
+    for c in out
+        .containers
+        .iter_mut()
+        .chain(out.init_containers.iter_mut())
+    {
+        let Ok(mut json) = serde_json::to_value(&*c) else {
+            continue;
+        };
+        for res in guaranteed_sidecar(&mut json) {
+            unbounded.push((c.name.clone(), res));
+        }
+        // What was read as a container stays one with requests and limits moved.
+        if let Ok(fitted) = serde_json::from_value(json) {
+            *c = fitted;
+        }
+    }
+    (out.seal(), unbounded)
+}
+
+/// The note of a Guaranteed pod given a sidecar with neither a request nor a limit for
+/// `resource`: the pod becomes Burstable.
+pub fn loses_guaranteed(template: &str, container: &str, resource: &str) -> String {
+    format!(
+        "template {template:?}'s sidecar {container:?} sets no {resource} request or limit: the pod, Guaranteed by its own containers, becomes Burstable (its QoS class)"
+    )
+}
+
+/// A port the pod's own containers declare that a sidecar declares too: both would bind it in
+/// the pod's one network namespace, and one of them could not start.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PortClash {
+    pub sidecar: String,
+    pub port: i32,
+    pub protocol: String,
+    pub container: String,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PortView<'a> {
+    container_port: i32,
+    #[serde(borrow, default)]
+    protocol: Option<std::borrow::Cow<'a, str>>,
+}
+
+/// The first port a sidecar of `sidecars` (not kept) declares that a container of the pod,
+/// other than a template's sidecar, declares too (same number and protocol).
+pub fn port_clash<'a>(
+    pod: &PodView<'_>,
+    owned: &BTreeSet<String>,
+    sidecars: impl Iterator<Item = &'a Container>,
+) -> Option<PortClash> {
+    let mut theirs: Vec<(i32, String, &str)> = Vec::new();
+    let mut read = false;
+    for s in sidecars {
+        for p in s.ports.iter().flatten() {
+            if !read {
+                read = true;
+                for c in pod.containers().iter().chain(pod.init_containers()) {
+                    if owned.contains(c.name.as_str()) {
+                        continue;
+                    }
+                    let Some(ports) = c.ports else { continue };
+                    let ports: Vec<PortView<'_>> =
+                        serde_json::from_str(ports.get()).unwrap_or_default();
+                    for q in ports {
+                        let protocol = q.protocol.as_deref().unwrap_or("TCP").to_owned();
+                        theirs.push((q.container_port, protocol, c.name.as_str()));
+                    }
+                }
+            }
+            let protocol = p.protocol.as_deref().unwrap_or("TCP");
+            if let Some((_, _, container)) = theirs
+                .iter()
+                .find(|(port, proto, _)| *port == p.container_port && proto == protocol)
+            {
+                return Some(PortClash {
+                    sidecar: s.name.clone(),
+                    port: p.container_port,
+                    protocol: protocol.to_owned(),
+                    container: (*container).to_owned(),
+                });
+            }
+        }
+    }
+    None
 }

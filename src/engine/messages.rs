@@ -81,3 +81,9 @@ pub fn sidecar_kept(container: &str, template: &str) -> String {
 pub fn not_for_windows(template: &str) -> String {
     format!("template {template:?} was not injected: it does not support Windows pods")
 }
+
+pub fn conflicts_with(template: &str, container: &str) -> String {
+    format!(
+        "template {template:?} was not injected: the pod already runs {container:?}, which it conflicts with (conflictsWith: another mesh's proxy binds the same ports)"
+    )
+}

@@ -23,6 +23,11 @@ pub struct Fragment {
     /// Whether this template may be injected into Windows pods.
     #[serde(default)]
     pub supports_windows: bool,
+    /// Containers this template cannot share a pod with (another mesh's proxy, which binds the
+    /// same ports): a pod that already runs one, as a container or an init container, is not
+    /// given this template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts_with: Vec<String>,
     #[serde(default)]
     pub containers: Vec<Container>,
     /// Placed before the pod's own init containers, so a native sidecar (`restartPolicy:
@@ -123,8 +128,8 @@ fn encode_each<T: Serialize>(items: &[T]) -> Vec<Piece> {
 }
 
 impl Fragment {
-    /// Takes the digest and encodes every item, once, after the fragment is read.
-    fn seal(mut self) -> Self {
+    /// Takes the digest and encodes every item, once, after the fragment is read (or changed).
+    pub fn seal(mut self) -> Self {
         // Serializing derived structs cannot fail; an empty input would only weaken drift
         // detection, never break injection.
         self.digest = Sha256::digest(serde_json::to_vec(&self).unwrap_or_default()).into();

@@ -263,6 +263,8 @@ pub struct SpecView<'a> {
     pub share_process_namespace: Option<bool>,
     pub hostname: Option<Str<'a>>,
     pub subdomain: Option<Str<'a>>,
+    /// Pod-level `resources` (the pod's budget), as JSON.
+    pub resources: Option<Raw<'a>>,
 }
 
 impl<'a> SpecView<'a> {
@@ -362,6 +364,8 @@ pub struct ContainerView<'a> {
     pub args: Option<Raw<'a>>,
     pub working_dir: Option<Raw<'a>>,
     pub ports: Option<Raw<'a>>,
+    /// `resources`, as JSON (read for the pod's QoS class only).
+    pub resources: Option<Raw<'a>>,
     pub env: Option<Vec<NameView<'a>>>,
     pub volume_mounts: Option<Vec<MountView<'a>>>,
     /// The container as it is written (a repeated member stays repeated).
@@ -785,6 +789,7 @@ fn spec<'a>(r: &mut Reader<'a>) -> R<SpecView<'a>> {
         "shareProcessNamespace" => opt_bool => s.share_process_namespace,
         "hostname" => opt_string => s.hostname,
         "subdomain" => opt_string => s.subdomain,
+        "resources" => opt_raw => s.resources,
     })?;
     Ok(s)
 }
@@ -854,6 +859,7 @@ fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
         args: None,
         working_dir: None,
         ports: None,
+        resources: None,
         env: None,
         volume_mounts: None,
         json: Raw::default(),
@@ -883,6 +889,7 @@ fn container<'a>(r: &mut Reader<'a>) -> R<ContainerView<'a>> {
                         "args" => Some((32, &mut c.args)),
                         "workingDir" => Some((64, &mut c.working_dir)),
                         "ports" => Some((128, &mut c.ports)),
+                        "resources" => Some((256, &mut c.resources)),
                         _ => None,
                     };
                     match slot {

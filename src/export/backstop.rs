@@ -11,8 +11,8 @@ use crate::engine::template::Fragment;
 use crate::export::cel;
 use crate::export::markers;
 use crate::export::objects::{
-    ExportError, Selection, base_name, bindings, conditions, match_constraints, metadata, refused,
-    windows_ok,
+    ExportError, Selection, base_name, bindings, conditions, conflicts, match_constraints,
+    metadata, refused, windows_ok,
 };
 use crate::export::read::read;
 use crate::export::symbolic::Symbolic;
@@ -181,7 +181,7 @@ fn variables(
         {"name": "current", "expression": current},
         {"name": "asked", "expression": cel::asked(inj, false)},
         {"name": "unknown", "expression": format!("variables.current ? variables.asked.filter(n, !(n in {known})) : []")},
-        {"name": "injected", "expression": cel::injected(inj, "variables.asked", &windows_ok)},
+        {"name": "injected", "expression": cel::injected(inj, "variables.asked", &windows_ok, &conflicts(fragments))},
         {"name": "containers", "expression": "has(object.spec.containers) ? object.spec.containers.map(c, c.name) : []"},
         {"name": "initContainers", "expression": "has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : []"},
         {"name": "names", "expression": "variables.containers + variables.initContainers"},

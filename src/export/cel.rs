@@ -87,14 +87,50 @@ pub fn asked(inj: &Injector, once: bool) -> String {
 }
 
 /// Of `asked` (a CEL list), the templates injected: all, but on a Windows pod only those that
-/// support Windows when Windows pods are skipped.
-pub fn injected(inj: &Injector, asked: &str, windows_ok: &[&str]) -> String {
-    if !inj.config.skip.windows {
-        return asked.to_owned();
+/// support Windows when Windows pods are skipped, and no template whose `conflictsWith` names
+/// a container the pod runs (`conflicts`: each template's names, as its rendering says).
+pub fn injected(
+    inj: &Injector,
+    asked: &str,
+    windows_ok: &[&str],
+    conflicts: &[(&str, &[String])],
+) -> String {
+    let mut out = asked.to_owned();
+    if inj.config.skip.windows {
+        out = format!(
+            "({WINDOWS} ? {out}.filter(t, t in {}) : {out})",
+            strings(windows_ok.iter().copied())
+        );
     }
+    for (template, names) in conflicts.iter().filter(|(_, n)| !n.is_empty()) {
+        let names = strings(names.iter().map(String::as_str));
+        out = format!(
+            "{out}.filter(t, t != {} || !(object.spec.containers.exists(c, c.name in {names}) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, c.name in {names}))))",
+            string(template)
+        );
+    }
+    out
+}
+
+/// Whether the pod's QoS class is `Guaranteed`, as [`crate::engine::fit::guaranteed`] tells:
+/// from its pod-level resources when it sets them, or else every container and init container
+/// but the templates' sidecars (`owned`) has cpu and memory limits and requests, where given,
+/// equal to them (compared as quantities).
+pub fn guaranteed(owned: &[&str]) -> String {
+    let owned = strings(owned.iter().copied());
+    let equal = |r: &str| {
+        format!(
+            "(has({r}.limits) && [\"cpu\", \"memory\"].all(n, n in {r}.limits && (!has({r}.requests) || !(n in {r}.requests) || quantity({r}.requests[n]).compareTo(quantity({r}.limits[n])) == 0)))"
+        )
+    };
+    let budget = "object.spec.resources";
+    let pod_level = format!(
+        "(has({budget}) && ((has({budget}.requests) && (\"cpu\" in {budget}.requests || \"memory\" in {budget}.requests)) || (has({budget}.limits) && (\"cpu\" in {budget}.limits || \"memory\" in {budget}.limits))))"
+    );
     format!(
-        "({WINDOWS} ? {asked}.filter(t, t in {}) : {asked})",
-        strings(windows_ok.iter().copied())
+        "{pod_level} ? {} : [object.spec.containers.filter(c, !(c.name in {owned})) + (has(object.spec.initContainers) ? object.spec.initContainers.filter(c, !(c.name in {owned})) : [])].all(own, own.size() > 0 && own.all(c, has(c.resources) && {}))",
+        equal(budget),
+        equal("c.resources"),
     )
 }
 

@@ -9,11 +9,12 @@ use sha2::{Digest as _, Sha256};
 
 use crate::engine::config::Injector;
 use crate::engine::context::Owned;
+use crate::engine::fit;
 use crate::engine::template::Fragment;
 use crate::export::cel::{self, TOKEN_VOLUME};
 use crate::export::objects::{
-    ExportError, MutatingVersion, Selection, base_name, bindings, conditions, match_constraints,
-    metadata, read_all, refused, sidecars_by_template, windows_ok,
+    ExportError, MutatingVersion, Selection, base_name, bindings, conditions, conflicts,
+    match_constraints, metadata, read_all, refused, sidecars_by_template, windows_ok,
 };
 use crate::export::symbolic::{self, Exprs, Symbolic};
 
@@ -39,8 +40,18 @@ pub fn mutating(
     let mut ops: Vec<String> = container_ops(&all)?.into_iter().collect();
     ops.extend(added_ops(&all)?);
     ops.extend(metadata_ops(inj, &all)?);
-    let match_conditions = match_conditions(inj, &all, &windows_ok);
-    let variables = variables(inj, &fragments, &windows_ok, &hash, &lists);
+    let match_conditions = match_conditions(inj, &all, &fragments, &windows_ok);
+    let mut variables = variables(inj, &fragments, &windows_ok, &hash, &lists);
+    if any_guaranteed_variant(&all) {
+        let owned: Vec<&str> = inj
+            .templates
+            .owned()
+            .sidecars
+            .iter()
+            .map(String::as_str)
+            .collect();
+        variables.push(json!({"name": "guaranteed", "expression": cel::guaranteed(&owned)}));
+    }
     let mut docs = vec![json!({
         "apiVersion": api,
         "kind": "MutatingAdmissionPolicy",
@@ -91,12 +102,14 @@ fn list_variables(all: &mut [(String, Symbolic)]) -> Vec<String> {
 }
 
 /// Per template, the items of one field, as a CEL map from template name to list (objects
-/// typed by `ty`); `None` when no template has any.
+/// typed by `ty`); `None` when no template has any. A sidecar that a `Guaranteed` pod gets
+/// otherwise ([`fit::guaranteed_sidecar`]) is both, chosen by `variables.guaranteed`.
 fn by_template(
     all: &[(String, Symbolic)],
     field: &str,
     ty: &str,
 ) -> Result<Option<String>, ExportError> {
+    let sidecars = matches!(field, "containers" | "initContainers");
     let mut entries = Vec::new();
     for (name, s) in all {
         let items = s
@@ -108,13 +121,40 @@ fn by_template(
         if items.is_empty() {
             continue;
         }
+        let value = |i: &Value| symbolic::value(i, ty, &s.exprs).map_err(|r| refused(name, r));
         let items: Vec<String> = items
             .iter()
-            .map(|i| symbolic::value(i, ty, &s.exprs).map_err(|r| refused(name, r)))
+            .map(|i| match guaranteed_variant(i).filter(|_| sidecars) {
+                Some(g) => Ok(format!(
+                    "(variables.guaranteed ? {} : {})",
+                    value(&g)?,
+                    value(i)?
+                )),
+                None => value(i),
+            })
             .collect::<Result<_, _>>()?;
         entries.push(format!("{}: [{}]", cel::string(name), items.join(", ")));
     }
     Ok((!entries.is_empty()).then(|| format!("{{{}}}", entries.join(",\n  "))))
+}
+
+/// A sidecar as a `Guaranteed` pod gets it, when that differs.
+fn guaranteed_variant(item: &Value) -> Option<Value> {
+    let mut fitted = item.clone();
+    fit::guaranteed_sidecar(&mut fitted);
+    (fitted != *item).then_some(fitted)
+}
+
+/// Whether some sidecar differs in a `Guaranteed` pod (the policy then needs the class).
+fn any_guaranteed_variant(all: &[(String, Symbolic)]) -> bool {
+    all.iter().any(|(_, s)| {
+        ["containers", "initContainers"].iter().any(|f| {
+            s.json
+                .get(*f)
+                .and_then(Value::as_array)
+                .is_some_and(|items| items.iter().any(|i| guaranteed_variant(i).is_some()))
+        })
+    })
 }
 
 /// The items of the templates injected (`map`, from [`by_template`]), in their order, each
@@ -268,7 +308,7 @@ fn variables(
     let sidecars = sidecars_by_template(fragments);
     let variables = vec![
         json!({"name": "asked", "expression": cel::asked(inj, true)}),
-        json!({"name": "injected", "expression": cel::injected(inj, "variables.asked", windows_ok)}),
+        json!({"name": "injected", "expression": cel::injected(inj, "variables.asked", windows_ok, &conflicts(fragments))}),
         json!({"name": "names", "expression": "object.spec.containers.map(c, c.name) + (has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : [])"}),
         json!({"name": "sidecars", "expression": format!("variables.injected.map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}),
         json!({"name": "status", "expression": status_expr(inj, hash, owned)}),
@@ -286,7 +326,12 @@ fn variables(
 
 /// The match conditions: the webhook's skips, every template asked for known, every override
 /// allowed, and some template injected.
-fn match_conditions(inj: &Injector, all: &[(String, Symbolic)], windows_ok: &[&str]) -> Vec<Value> {
+fn match_conditions(
+    inj: &Injector,
+    all: &[(String, Symbolic)],
+    fragments: &[(String, Fragment)],
+    windows_ok: &[&str],
+) -> Vec<Value> {
     let known = cel::strings(all.iter().map(|(n, _)| n.as_str()));
     let mut match_conditions = conditions(inj);
     match_conditions.push(json!({
@@ -298,7 +343,7 @@ fn match_conditions(inj: &Injector, all: &[(String, Symbolic)], windows_ok: &[&s
     }
     match_conditions.push(json!({
         "name": "injects-a-template",
-        "expression": format!("{}.size() > 0", cel::injected(inj, &cel::asked(inj, true), windows_ok)),
+        "expression": format!("{}.size() > 0", cel::injected(inj, &cel::asked(inj, true), windows_ok, &conflicts(fragments))),
     }));
     match_conditions
 }

@@ -211,6 +211,15 @@ pub(super) fn windows_ok(fragments: &[(String, Fragment)]) -> Vec<&str> {
         .collect()
 }
 
+/// Each template's `conflictsWith` (the containers it is not injected beside), as its
+/// rendering says.
+pub(super) fn conflicts(fragments: &[(String, Fragment)]) -> Vec<(&str, &[String])> {
+    fragments
+        .iter()
+        .map(|(n, f)| (n.as_str(), f.conflicts_with.as_slice()))
+        .collect()
+}
+
 /// The sidecar names of each template, in the webhook's order (containers, then init
 /// containers), as a CEL map from template name to list.
 pub(super) fn sidecars_by_template(all: &[(String, Fragment)]) -> String {

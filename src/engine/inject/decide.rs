@@ -10,8 +10,8 @@ use crate::engine::inject::rules::{
     InjectError, SkipReason, malformed, opt_in, runs_to_completion, selected_templates,
 };
 use crate::engine::inject::status::{Rendered, Status, fragment_hash, status_json};
-use crate::engine::messages;
 use crate::engine::template::Quoted;
+use crate::engine::{fit, messages};
 
 /// What the injector decided for a pod.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,7 +68,18 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         overrides.push(values);
     }
     let windows = cfg.skip.windows && facts.is_windows()?;
-    let render =
+    let owned = &inj.templates.owned().sidecars;
+    let guaranteed = fit::guaranteed(facts.pod, owned);
+    let runs = |name: &str| {
+        facts
+            .pod
+            .containers()
+            .iter()
+            .chain(facts.pod.init_containers())
+            .any(|c| c.name.as_str() == name)
+    };
+    let mut conflict = None;
+    let mut render =
         |only: Option<&Seen>| -> Result<(Vec<Rendered>, Vec<String>, Shown<'_>), InjectError> {
             let shown = Shown::of(facts.pod, inj.templates.owned(), only)?;
             let source = facts.source(inj, &shown);
@@ -84,6 +95,20 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
                     notes.push(messages::not_for_windows(name));
                     continue;
                 }
+                if let Some(other) = fragment.conflicts_with.iter().find(|n| runs(n)) {
+                    notes.push(messages::conflicts_with(name, other));
+                    conflict.get_or_insert_with(|| other.clone());
+                    continue;
+                }
+                let fragment = if guaranteed {
+                    let (fitted, unbounded) = fit::for_guaranteed(&fragment);
+                    for (container, resource) in unbounded {
+                        notes.push(fit::loses_guaranteed(name, &container, resource));
+                    }
+                    Arc::new(fitted)
+                } else {
+                    fragment
+                };
                 templates.push(Rendered {
                     name: (*name).to_owned(),
                     fragment,
@@ -118,8 +143,29 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     if templates.is_empty() && windows {
         return Ok(Decision::Skip(SkipReason::Windows));
     }
+    if let (true, Some(container)) = (templates.is_empty(), conflict) {
+        return Ok(Decision::Skip(SkipReason::Conflicts(container)));
+    }
     let hash = fragment_hash(inj, &templates);
     let kept = kept_containers(facts, previous.as_ref(), &templates, &hash, &mut notes);
+    for t in &templates {
+        let sidecars = t
+            .fragment
+            .containers
+            .iter()
+            .chain(&t.fragment.init_containers);
+        if let Some(clash) = fit::port_clash(
+            facts.pod,
+            owned,
+            sidecars.filter(|c| !kept.contains(&c.name)),
+        ) {
+            return Err(InjectError::PortClash {
+                template: t.name.clone(),
+                clash: Box::new(clash),
+                annotation: cfg.templates_annotation.clone(),
+            });
+        }
+    }
     completion_notes(facts, &templates, &kept, &mut notes);
     let status = status_json(inj, &templates, hash, kept, &cfg.revision, &seen);
     Ok(Decision::Inject(Plan {

@@ -1,6 +1,7 @@
 //! The rules: whether a pod is opted in or skipped, and what it may ask for, in words.
 
 use crate::engine::config::{Injector, NAMESPACE_ENABLED};
+use crate::engine::fit::PortClash;
 use crate::engine::inject::facts::{Entry, PodFacts};
 use crate::engine::overrides::BadValue;
 use crate::engine::template::TemplateError;
@@ -12,6 +13,8 @@ pub enum SkipReason {
     ExcludedNamespace(String),
     HostNetwork,
     Windows,
+    /// Every template asked for conflicts with a container the pod runs (another mesh's proxy).
+    Conflicts(String),
     /// The API server will refuse the pod whatever is added (no spec, no containers...): it is
     /// let through unchanged, so that the person sees the API server's own error.
     Malformed(&'static str),
@@ -26,6 +29,10 @@ impl std::fmt::Display for SkipReason {
             Self::HostNetwork => f.write_str("hostNetwork pods are skipped (skip.hostNetwork)"),
             Self::Windows => f.write_str(
                 "Windows pods are skipped: no selected template sets supportsWindows (skip.windows)",
+            ),
+            Self::Conflicts(container) => write!(
+                f,
+                "the pod already runs {container:?}, and every template it asks for conflicts with it (conflictsWith: another mesh's proxy binds the same ports)"
             ),
             Self::Malformed(what) => write!(
                 f,
@@ -51,6 +58,16 @@ pub enum InjectError {
         template: String,
         #[source]
         source: Box<BadValue>,
+    },
+    #[error(
+        "template {template:?}: sidecar {sidecar:?} declares port {port}/{protocol}, which the pod's container {container:?} declares too: in the pod's one network namespace only one of them can bind it. Give {container:?} another port, or leave template {template:?} out ({annotation})",
+        sidecar = clash.sidecar, port = clash.port, protocol = clash.protocol, container = clash.container
+    )]
+    PortClash {
+        template: String,
+        clash: Box<PortClash>,
+        /// The annotation that names the templates a pod asks for.
+        annotation: String,
     },
     #[error(transparent)]
     Template(#[from] TemplateError),

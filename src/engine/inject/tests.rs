@@ -557,3 +557,155 @@ fn a_rendering_is_shared_by_pods_that_read_the_same() {
         &c.templates[proxy(&c)].fragment
     ));
 }
+
+fn plan_of(inj: &Injector, p: &Pod) -> Plan {
+    match decide_for(inj, p, Some("default")).expect("decides") {
+        Decision::Inject(plan) => plan,
+        other => panic!("expected an injection, got {other:?}"),
+    }
+}
+
+fn sidecar<'p>(plan: &'p Plan, name: &str) -> &'p k8s_openapi::api::core::v1::Container {
+    plan.templates
+        .iter()
+        .flat_map(|t| {
+            t.fragment
+                .init_containers
+                .iter()
+                .chain(&t.fragment.containers)
+        })
+        .find(|c| c.name == name)
+        .expect("sidecar")
+}
+
+fn amounts(c: &k8s_openapi::api::core::v1::Container, list: &str) -> BTreeMap<String, String> {
+    let r = c.resources.clone().unwrap_or_default();
+    let m = if list == "requests" {
+        r.requests
+    } else {
+        r.limits
+    };
+    m.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, v.0))
+        .collect()
+}
+
+fn with_resources(resources: serde_json::Value) -> Pod {
+    pod(json!({
+        "metadata": {"name": "web", "labels": {"sidecar-injector.io/inject": "true"}},
+        "spec": {
+            "initContainers": [{"name": "migrate", "image": "m:1", "resources": resources}],
+            "containers": [{"name": "app", "image": "nginx:1.27", "resources": resources}]
+        }
+    }))
+}
+
+/// A Guaranteed pod (limits only, or requests equal to them in another form) gets sidecars
+/// whose limits are their requests; a Burstable one, or a pod with no resources, gets the
+/// templates' own limits. Injected again, the Guaranteed pod (sidecars and all) needs nothing.
+#[test]
+fn a_guaranteed_pod_keeps_its_class() {
+    let inj = injector();
+    for resources in [
+        json!({"limits": {"cpu": "1", "memory": "1Gi"}}),
+        json!({"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "1000m", "memory": "1024Mi"}}),
+    ] {
+        let p = with_resources(resources.clone());
+        let plan = plan_of(&inj, &p);
+        for name in ["proxy", "log-shipper"] {
+            let c = sidecar(&plan, name);
+            assert_eq!(
+                amounts(c, "requests"),
+                amounts(c, "limits"),
+                "{name} in {resources}"
+            );
+        }
+        assert_eq!(amounts(sidecar(&plan, "proxy"), "limits")["cpu"], "50m");
+        // The pod as injected is judged Guaranteed alike: nothing more to do.
+        let json = crate::engine::view::pod_json(&p);
+        let view = PodView::parse(&json).expect("view");
+        let mut injected = p.clone();
+        apply(&mut injected, &plan_edits(&inj, &view, &plan));
+        let json = crate::engine::view::pod_json(&injected);
+        let view = PodView::parse(&json).expect("view");
+        let again = plan_of(&inj, &injected);
+        assert!(plan_edits(&inj, &view, &again).is_empty(), "{resources}");
+    }
+    for p in [
+        with_resources(
+            json!({"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m"}}),
+        ),
+        with_resources(json!({"limits": {"cpu": "1"}})),
+        opted_in(),
+    ] {
+        let plan = plan_of(&inj, &p);
+        assert_eq!(amounts(sidecar(&plan, "proxy"), "limits")["cpu"], "500m");
+    }
+    // Pod-level resources decide the class when they are set.
+    let mut p = opted_in();
+    p.spec.as_mut().expect("spec").resources = Some(
+        serde_json::from_value(json!({"limits": {"cpu": "2", "memory": "2Gi"}}))
+            .expect("resources"),
+    );
+    let plan = plan_of(&inj, &p);
+    assert_eq!(amounts(sidecar(&plan, "proxy"), "limits")["cpu"], "50m");
+}
+
+/// A pod that already runs another mesh's proxy gets the log shipper, not our proxy, with a
+/// note; asked for the proxy alone, it is skipped.
+#[test]
+fn another_meshs_proxy_keeps_ours_out() {
+    let inj = injector();
+    let mut p = opted_in();
+    p.spec.as_mut().expect("spec").containers.push(
+        serde_json::from_value(json!({"name": "istio-proxy", "image": "istio/proxyv2"}))
+            .expect("c"),
+    );
+    let plan = plan_of(&inj, &p);
+    let names: Vec<&str> = plan.templates.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["log-shipper"]);
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("\"istio-proxy\"") && n.contains("\"proxy\"")),
+        "{:?}",
+        plan.notes
+    );
+    p.metadata.annotations =
+        Some([("sidecar-injector.io/templates".into(), "proxy".into())].into());
+    assert_eq!(
+        decide_for(&inj, &p, Some("default")).expect("decides"),
+        Decision::Skip(SkipReason::Conflicts("istio-proxy".into()))
+    );
+}
+
+/// A sidecar port the pod's own container declares too refuses the pod, naming both; the same
+/// number over UDP, or on an init container's other port, does not.
+#[test]
+fn a_port_the_pod_uses_refuses_the_sidecar() {
+    let inj = injector();
+    let with_ports = |ports: serde_json::Value| {
+        let mut p = opted_in();
+        p.spec.as_mut().expect("spec").containers[0].ports =
+            Some(serde_json::from_value(ports).expect("ports"));
+        p
+    };
+    let err = decide_for(
+        &inj,
+        &with_ports(json!([{"containerPort": 15001}])),
+        Some("default"),
+    )
+    .expect_err("clash");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("sidecar \"proxy\" declares port 15001/TCP, which the pod's container \"app\" declares too")
+            && msg.contains("sidecar-injector.io/templates"),
+        "{msg}"
+    );
+    plan_of(
+        &inj,
+        &with_ports(json!([{"containerPort": 15001, "protocol": "UDP"}])),
+    );
+    plan_of(&inj, &with_ports(json!([{"containerPort": 8080}])));
+}

@@ -96,7 +96,9 @@ fn is_pod(r: &Req<'_>) -> bool {
 
 fn inject_error(response: AdmissionResponse, error: &InjectError) -> (AdmissionResponse, Outcome) {
     match error {
-        InjectError::UnknownTemplate { .. } | InjectError::BadOverride { .. } => (
+        InjectError::UnknownTemplate { .. }
+        | InjectError::BadOverride { .. }
+        | InjectError::PortClash { .. } => (
             deny(
                 response,
                 400,
