@@ -106,6 +106,11 @@ fn generated(i: u64) -> Value {
         (0..g.next() % 4)
             .map(|_| {
                 let mut port = json!({"containerPort": *g.pick(&[8080, 9090, 53, 8080, 7000])});
+                if g.chance(12) {
+                    // The proxy's own port: over TCP the webhook refuses the pod (the backstop
+                    // refuses it on the policy road with the same words); over UDP it does not.
+                    port["containerPort"] = json!(15001);
+                }
                 match g.next() % 3 {
                     0 => port["protocol"] = json!("UDP"),
                     1 => port["protocol"] = json!("TCP"),
@@ -349,6 +354,7 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                 })
                 .await?;
                 let (mut injected, mut refused, mut proxied) = (0, 0, 0);
+                let (mut clashed, mut guaranteed) = (0, 0);
                 for i in 0..GENERATED {
                     let pod: Pod = from_json(generated(i))?;
                     let a = dry_run(&pp, &pod).await;
@@ -356,8 +362,9 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                     let case = serde_json::to_string(&generated(i))?;
                     let (a, b) = match (a, b) {
                         (Ok(a), Ok(b)) => (a, b),
-                        // An override the proxy does not allow: the webhook refuses the pod, and on
-                        // the policy road the backstop does, with the webhook's own message.
+                        // An override the proxy does not allow, or a port of the pod's that the
+                        // proxy declares too: the webhook refuses the pod, and on the policy road
+                        // the backstop does, with the webhook's own message.
                         (Err(a), Err(b)) if refusal(&b).contains("sidecar-injector: template") => {
                             let (a, b) = (refusal(&a), refusal(&b));
                             let tail = |m: &str| m.find("sidecar-injector: template").map(|at| m[at..].to_owned());
@@ -366,6 +373,7 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                                 "pod {i} ({case}): the policy road refused it with {a:?}, the webhook with {b:?}"
                             );
                             refused += 1;
+                            clashed += usize::from(b.contains("declares too"));
                             continue;
                         }
                         (a, b) => anyhow::bail!(
@@ -376,6 +384,8 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                     };
                     if let Some(status) = status_annotation(&a) {
                         injected += 1;
+                        let class = a.status.as_ref().and_then(|s| s.qos_class.as_deref());
+                        guaranteed += usize::from(class == Some("Guaranteed"));
                         if status.contains("\"proxy\"") {
                             proxied += 1;
                         }
@@ -394,10 +404,12 @@ async fn p01_policies_inject_what_the_webhook_injects() -> anyhow::Result<()> {
                         anyhow::bail!("pod {i} ({case}) changed when created again through the policies, at {d}");
                     }
                 }
-                println!("p01: {GENERATED} generated pods, {injected} injected ({proxied} with the proxy) and {refused} refused (an override not allowed), the same on both roads");
+                println!("p01: {GENERATED} generated pods, {injected} injected ({proxied} with the proxy, {guaranteed} Guaranteed) and {refused} refused ({clashed} for a port clash, the others for an override not allowed), the same on both roads");
                 ensure!(proxied >= GENERATED / 6, "only {proxied} of {GENERATED} pods got the proxy: the generator no longer tests its loops much");
                 ensure!(injected >= GENERATED / 2, "only {injected} of {GENERATED} pods were injected: the generator no longer tests much");
-                ensure!(refused > 0, "no generated pod had an override the proxy refuses: the generator no longer tests it");
+                ensure!(refused > clashed, "no generated pod had an override the proxy refuses: the generator no longer tests it");
+                ensure!(clashed > 0, "no generated pod declared the proxy's port: the generator no longer tests it");
+                ensure!(guaranteed > 0, "no generated pod was injected and stayed Guaranteed: the generator no longer tests it");
                 // An opted-out pod is untouched.
                 let plain = dry_run(&pp, &labelled(app_pod("out"), INJECT_LABEL, "false")).await.map_err(|e| anyhow::anyhow!(refusal(&e)))?;
                 ensure!(status_annotation(&plain).is_none() && containers(&plain).len() == 1, "an opted-out pod was changed");

@@ -2499,6 +2499,41 @@ async fn s27_the_pods_class_and_ports_are_kept() -> anyhow::Result<()> {
                 && refusal.contains("sidecar-injector.io/templates"),
             "expected the port clash's refusal, got: {refusal}"
         );
+        // Pod-level resources (1.34+, on by default): a budget below what the sidecars ask for
+        // would be refused by the API server; it grows by exactly their requests and limits.
+        let info = cx.client.apiserver_version().await?;
+        let minor: u32 = info.minor.trim_end_matches('+').parse().unwrap_or(0);
+        if minor >= 34 {
+            let mut budgeted = opted_in("budgeted");
+            if let Some(spec) = budgeted.spec.as_mut() {
+                spec.resources = Some(from_json(json!({
+                    "requests": {"cpu": "50m", "memory": "64Mi"},
+                    "limits": {"cpu": "100m", "memory": "128Mi"}
+                }))?);
+            }
+            let stored = accepts(&pods, &budgeted).await?;
+            check_injected(&stored)?;
+            let budget = stored
+                .spec
+                .as_ref()
+                .and_then(|s| s.resources.clone())
+                .context("no pod-level resources")?;
+            let amount = |l: &Option<std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>, r: &str| {
+                l.as_ref().and_then(|m| m.get(r)).map(|q| q.0.clone()).unwrap_or_default()
+            };
+            // 50m + 10m + 50m; 64Mi + 32Mi + 64Mi; 100m + 100m + 500m; 128Mi + 64Mi + 256Mi.
+            let got = [
+                amount(&budget.requests, "cpu"),
+                amount(&budget.requests, "memory"),
+                amount(&budget.limits, "cpu"),
+                amount(&budget.limits, "memory"),
+            ];
+            ensure!(
+                got == ["110m", "160Mi", "700m", "448Mi"],
+                "the pod-level budget as stored: {got:?}"
+            );
+            println!("s27: the pod-level budget grew to {got:?}");
+        }
         println!("s27: Guaranteed kept (sidecars' limits = requests), Burstable untouched, istio-proxy's pod without our proxy, the port clash refused");
         Ok(())
     })

@@ -4,9 +4,10 @@
 //! words a template author (when a configuration is loaded) and a pod owner (in an admission
 //! warning, `inject` and `explain`) read about it are written here, once.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, SecurityContext};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::engine::template::Fragment;
 use crate::engine::view::PodView;
@@ -424,16 +425,17 @@ struct PortView<'a> {
     protocol: Option<std::borrow::Cow<'a, str>>,
 }
 
-/// The first port a sidecar of `sidecars` (not kept) declares that a container of the pod,
-/// other than a template's sidecar, declares too (same number and protocol).
-pub fn port_clash<'a>(
+/// The first port a sidecar of `sidecars` (each with what it came from; not kept) declares
+/// that a container of the pod, other than a template's sidecar, declares too (same number and
+/// protocol): the first such container, of its containers then its init containers.
+pub fn port_clash<'a, T>(
     pod: &PodView<'_>,
     owned: &BTreeSet<String>,
-    sidecars: impl Iterator<Item = &'a Container>,
-) -> Option<PortClash> {
+    sidecars: impl Iterator<Item = (T, &'a Container)>,
+) -> Option<(T, PortClash)> {
     let mut theirs: Vec<(i32, String, &str)> = Vec::new();
     let mut read = false;
-    for s in sidecars {
+    for (from, s) in sidecars {
         for p in s.ports.iter().flatten() {
             if !read {
                 read = true;
@@ -455,14 +457,107 @@ pub fn port_clash<'a>(
                 .iter()
                 .find(|(port, proto, _)| *port == p.container_port && proto == protocol)
             {
-                return Some(PortClash {
-                    sidecar: s.name.clone(),
-                    port: p.container_port,
-                    protocol: protocol.to_owned(),
-                    container: (*container).to_owned(),
-                });
+                return Some((
+                    from,
+                    PortClash {
+                        sidecar: s.name.clone(),
+                        port: p.container_port,
+                        protocol: protocol.to_owned(),
+                        container: (*container).to_owned(),
+                    },
+                ));
             }
         }
     }
     None
 }
+
+/// A pod-level budget (`spec.resources`, as JSON) grown by what the `added` sidecars (init
+/// containers, then containers, in their order) request and are limited to, for each cpu and
+/// memory amount the budget sets, so that the pod's own containers keep the share they had
+/// (the API server refuses a pod whose containers ask for more than its budget). A sidecar
+/// with a limit and no request is counted at its limit for requests, as the API server
+/// defaults it. Each amount is `(list, resource, new value)`, summed and written as the
+/// mutating policy's CEL does (as floats, in that order; cpu in millicores, `2600m`, memory in
+/// bytes, rounded half up).
+pub fn grown_budget(
+    budget: Option<&str>,
+    inits: &[&Container],
+    containers: &[&Container],
+) -> Vec<(&'static str, &'static str, String)> {
+    let Some(r) = budget.and_then(|j| serde_json::from_str::<Resources<'_>>(j).ok()) else {
+        return Vec::new();
+    };
+    let float = |q: &str| {
+        kube_quantity::ParsedQuantity::try_from(q)
+            .ok()
+            .and_then(|q| q.to_bytes_f64())
+    };
+    let mut out = Vec::new();
+    for (list, amounts) in [("requests", &r.requests), ("limits", &r.limits)] {
+        let Some(amounts) = amounts else { continue };
+        for res in QOS_RESOURCES {
+            let Some(start) = amounts.get(res).and_then(float) else {
+                continue;
+            };
+            let amount = |c: &Container| {
+                let r = c.resources.as_ref()?;
+                let (requests, limits) = (amount_of(&r.requests, res), amount_of(&r.limits, res));
+                match list {
+                    "requests" => requests.or(limits),
+                    _ => limits,
+                }
+                .and_then(float)
+            };
+            let sum =
+                |cs: &[&Container]| cs.iter().filter_map(|c| amount(c)).fold(0.0, |a, b| a + b);
+            let grew = inits.iter().chain(containers).any(|c| amount(c).is_some());
+            if grew {
+                out.push((
+                    list,
+                    res,
+                    budget_amount(res, start + sum(inits) + sum(containers)),
+                ));
+            }
+        }
+    }
+    out
+}
+
+fn amount_of<'a>(list: &'a Option<BTreeMap<String, Quantity>>, resource: &str) -> Option<&'a str> {
+    list.as_ref()?.get(resource).map(|q| q.0.as_str())
+}
+
+/// An amount of a pod's budget as it is written back, in the form the API server would store
+/// it: cpu in whole cores or millicores (`3`, `2600m`), memory with the largest binary suffix
+/// that is exact (`448Mi`, `2Gi`) or in bytes; rounded half up to a millicore or a byte, as the
+/// mutating policy's CEL rounds.
+fn budget_amount(resource: &str, value: f64) -> String {
+    match resource {
+        "cpu" => {
+            let millis = (value * 1000.0 + 0.5).floor() as i64;
+            match millis % 1000 {
+                0 => format!("{}", millis / 1000),
+                _ => format!("{millis}m"),
+            }
+        }
+        _ => {
+            let bytes = (value + 0.5).floor() as i64;
+            BINARY_SUFFIXES
+                .iter()
+                .find(|(_, unit)| bytes != 0 && bytes % unit == 0)
+                .map_or_else(
+                    || bytes.to_string(),
+                    |(suffix, unit)| format!("{}{suffix}", bytes / unit),
+                )
+        }
+    }
+}
+
+/// The binary suffixes a memory amount is written with, largest first.
+pub const BINARY_SUFFIXES: [(&str, i64); 4] = [
+    ("Ti", 1 << 40),
+    ("Gi", 1 << 30),
+    ("Mi", 1 << 20),
+    ("Ki", 1 << 10),
+];

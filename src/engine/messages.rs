@@ -87,3 +87,17 @@ pub fn conflicts_with(template: &str, container: &str) -> String {
         "template {template:?} was not injected: the pod already runs {container:?}, which it conflicts with (conflictsWith: another mesh's proxy binds the same ports)"
     )
 }
+
+/// The refusal of a pod whose own container declares a port a sidecar declares too.
+pub fn port_clash(
+    template: &str,
+    sidecar: &str,
+    port: &str,
+    protocol: &str,
+    container: &str,
+    annotation: &str,
+) -> String {
+    format!(
+        "template {template:?}: sidecar {sidecar:?} declares port {port}/{protocol}, which the pod's container {container:?} declares too: in the pod's one network namespace only one of them can bind it. Give {container:?} another port, or leave template {template:?} out ({annotation})"
+    )
+}

@@ -186,6 +186,7 @@ fn variables(
         {"name": "initContainers", "expression": "has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : []"},
         {"name": "names", "expression": "variables.containers + variables.initContainers"},
         {"name": "kept", "expression": kept},
+        {"name": "clash", "expression": format!("variables.current ? {} : \"\"", port_clash(inj, fragments))},
         {"name": "missing", "expression": format!("variables.current ? ({}).filter(m, m != \"\") : []", join_or_empty(&missing))},
         {"name": "problems", "expression": format!("variables.current ? [{}].filter(p, p != \"\") : []", problems.join(",\n"))},
     ]);
@@ -206,10 +207,11 @@ fn validations(inj: &Injector, names: &[String], overrides: bool) -> Value {
     let cfg = &inj.config;
     // After an unknown template, the webhook refuses the first override not allowed; the
     // other checks wait for both to pass, so that the pod gets one message.
-    let after = match overrides {
+    let refused = match overrides {
         true => "variables.unknown.size() > 0 || variables.overrides.size() > 0 || ",
         false => "variables.unknown.size() > 0 || ",
     };
+    let after = format!("{refused}variables.clash != \"\" || ");
     let mut validations = json!([
         {
             "expression": "variables.unknown.size() == 0",
@@ -217,6 +219,11 @@ fn validations(inj: &Injector, names: &[String], overrides: bool) -> Value {
                 "\"pod \" + {NAME_EXPR} + \": annotation {} names template(s) \" + variables.unknown.join(\", \") + \" that do not exist (known templates: {})\"",
                 cfg.templates_annotation, names.join(", ")
             ),
+            "reason": "Invalid",
+        },
+        {
+            "expression": format!("{refused}variables.clash == \"\""),
+            "messageExpression": "\"sidecar-injector: \" + variables.clash",
             "reason": "Invalid",
         },
         {
@@ -266,6 +273,66 @@ fn override_refusals(inj: &Injector, names: &[String]) -> Option<String> {
         chain = format!("(t == {} ? {first} : {chain})", cel::string(name));
     }
     any.then_some(chain)
+}
+
+/// The webhook's refusal of a sidecar port that one of the pod's own containers declares too
+/// (`InjectError::PortClash`), as CEL over the injected pod: the first clash of the sidecars of
+/// the templates injected (not kept), native ones first, each list in the pod's order, as the
+/// webhook looks for it; `""` when there is none.
+fn port_clash(inj: &Injector, fragments: &[(String, Fragment)]) -> String {
+    let mut owned: Vec<&str> = Vec::new();
+    let mut template_of = Vec::new();
+    for (name, f) in fragments {
+        for sidecar in f.sidecar_names() {
+            if !owned.contains(&sidecar) {
+                owned.push(sidecar);
+                template_of.push(format!("{}: {}", cel::string(sidecar), cel::string(name)));
+            }
+        }
+    }
+    if owned.is_empty() {
+        return "\"\"".into();
+    }
+    let owned = cel::strings(owned);
+    let template_of = format!("{{{}}}", template_of.join(", "));
+    let proto = |p: &str| format!("(has({p}.protocol) ? {p}.protocol : \"TCP\")");
+    let matches = format!(
+        "!(o.name in {owned}) && has(o.ports) && o.ports.exists(q, q.containerPort == p.containerPort && {} == {})",
+        proto("q"),
+        proto("p")
+    );
+    let others = format!(
+        "(object.spec.containers.filter(o, {matches}).map(o, o.name) + (has(object.spec.initContainers) ? object.spec.initContainers.filter(o, {matches}).map(o, o.name) : []))"
+    );
+    // The webhook's words, the values between them read of the pod.
+    let text = messages::port_clash(
+        "@T@",
+        "@S@",
+        "@P@",
+        "@R@",
+        "@C@",
+        &inj.config.templates_annotation,
+    );
+    let mut message = cel::string(&text);
+    for (marker, expr) in [
+        ("@T@", format!("{template_of}[s.name]")),
+        ("@S@", "s.name".to_owned()),
+        ("@P@", "string(p.containerPort)".to_owned()),
+        ("@R@", proto("p")),
+        ("@C@", format!("{others}[0]")),
+    ] {
+        message = message.replace(marker, &format!("\" + {expr} + \""));
+    }
+    let clashes = |list: &str| {
+        format!(
+            "(has(object.spec.{list}) ? object.spec.{list} : []).filter(s, s.name in {template_of} && {template_of}[s.name] in variables.injected && !(s.name in variables.kept) && has(s.ports)).map(s, s.ports.filter(p, {others}.size() > 0).map(p, {message}))"
+        )
+    };
+    format!(
+        "[({} + {}).filter(l, l.size() > 0)].map(all, all.size() > 0 ? all[0][0] : \"\")[0]",
+        clashes("initContainers"),
+        clashes("containers")
+    )
 }
 
 /// Lists joined with `+` (no `flatten()`: a list function of Kubernetes 1.34+, and the

@@ -38,10 +38,8 @@ pub fn mutating(
     let windows_ok = windows_ok(&fragments);
     let hash = export_hash(&all);
     let mut ops: Vec<String> = container_ops(&all)?.into_iter().collect();
-    ops.extend(added_ops(&all)?);
-    ops.extend(metadata_ops(inj, &all)?);
-    let match_conditions = match_conditions(inj, &all, &fragments, &windows_ok);
     let mut variables = variables(inj, &fragments, &windows_ok, &hash, &lists);
+    // Before the sidecars added, which read it.
     if any_guaranteed_variant(&all) {
         let owned: Vec<&str> = inj
             .templates
@@ -52,6 +50,9 @@ pub fn mutating(
             .collect();
         variables.push(json!({"name": "guaranteed", "expression": cel::guaranteed(&owned)}));
     }
+    ops.extend(added_ops(&all, &mut variables)?);
+    ops.extend(metadata_ops(inj, &all)?);
+    let match_conditions = match_conditions(inj, &all, &fragments, &windows_ok);
     let mut docs = vec![json!({
         "apiVersion": api,
         "kind": "MutatingAdmissionPolicy",
@@ -199,23 +200,34 @@ fn container_ops(all: &[(String, Symbolic)]) -> Result<Option<String>, ExportErr
 }
 
 /// The sidecar containers and the volumes and image pull secrets the pod lacks, appended in
-/// template order; the init containers, in template order, before the pod's own.
-fn added_ops(all: &[(String, Symbolic)]) -> Result<Vec<String>, ExportError> {
+/// template order; the init containers, in template order, before the pod's own; and the
+/// pod-level budget grown by the sidecars added. The sidecars added are policy variables
+/// (`addedContainers`, `addedInits`, pushed to `variables`), read by both.
+fn added_ops(
+    all: &[(String, Symbolic)],
+    variables: &mut Vec<Value>,
+) -> Result<Vec<String>, ExportError> {
     let mut ops = Vec::new();
+    let mut added = Vec::new();
     // Sidecar containers, appended in template order.
     if let Some(map) = by_template(all, "containers", "Object.spec.containers")? {
         let new = in_order(&map, "y.name == m.name", "m.name in variables.names");
-        ops.push(format!(
-            "{new}.map(s, JSONPatch{{op: \"add\", path: \"/spec/containers/-\", value: s}})"
-        ));
+        variables.push(json!({"name": "addedContainers", "expression": new}));
+        added.push("variables.addedContainers");
+        ops.push(
+            "variables.addedContainers.map(s, JSONPatch{op: \"add\", path: \"/spec/containers/-\", value: s})".to_owned(),
+        );
     }
     // Init containers, in template order, before the pod's own.
     if let Some(map) = by_template(all, "initContainers", "Object.spec.initContainers")? {
         let new = in_order(&map, "y.name == m.name", "m.name in variables.names");
-        ops.push(format!(
-            "[{new}].map(new, new.size() == 0 ? [] : (has(object.spec.initContainers) ? new.transformList(k, s, JSONPatch{{op: \"add\", path: \"/spec/initContainers/\" + string(k), value: s}}) : [JSONPatch{{op: \"add\", path: \"/spec/initContainers\", value: new}}]))[0]"
-        ));
+        variables.push(json!({"name": "addedInits", "expression": new}));
+        added.insert(0, "variables.addedInits");
+        ops.push(
+            "variables.addedInits.size() == 0 ? [] : (has(object.spec.initContainers) ? variables.addedInits.transformList(k, s, JSONPatch{op: \"add\", path: \"/spec/initContainers/\" + string(k), value: s}) : [JSONPatch{op: \"add\", path: \"/spec/initContainers\", value: variables.addedInits}])".to_owned(),
+        );
     }
+    ops.extend(budget_ops(&added));
     for (field, ty) in [
         ("volumes", "Object.spec.volumes"),
         ("imagePullSecrets", "Object.spec.imagePullSecrets"),
@@ -234,6 +246,74 @@ fn added_ops(all: &[(String, Symbolic)]) -> Result<Vec<String>, ExportError> {
         }
     }
     Ok(ops)
+}
+
+/// The pod-level budget's cpu and memory amounts, each grown by what the sidecars added (the
+/// lists of `added`: init containers first) ask for, as [`fit::grown_budget`] grows them:
+/// summed as floats in that order, a request missing counted at its limit, written in
+/// millicores or bytes rounded half up, and only where some sidecar added sets the amount.
+fn budget_ops(added: &[&str]) -> Vec<String> {
+    if added.is_empty() {
+        return Vec::new();
+    }
+    let mut ops = Vec::new();
+    for list in ["requests", "limits"] {
+        for res in ["cpu", "memory"] {
+            let field = |l: &str| {
+                format!(
+                    "(has(s.resources) && has(s.resources.{l}) && \"{res}\" in s.resources.{l})"
+                )
+            };
+            let value =
+                |l: &str| format!("quantity(s.resources.{l}[\"{res}\"]).asApproximateFloat()");
+            let (has, amount) = match list {
+                "requests" => (
+                    format!("({} || {})", field("requests"), field("limits")),
+                    format!(
+                        "({} ? {} : ({} ? {} : 0.0))",
+                        field("requests"),
+                        value("requests"),
+                        field("limits"),
+                        value("limits")
+                    ),
+                ),
+                _ => (
+                    field("limits"),
+                    format!("({} ? {} : 0.0)", field("limits"), value("limits")),
+                ),
+            };
+            let budget = format!("object.spec.resources.{list}");
+            let total = std::iter::once(format!(
+                "quantity({budget}[\"{res}\"]).asApproximateFloat()"
+            ))
+            .chain(added.iter().map(|l| format!("{l}.map(s, {amount}).sum()")))
+            .collect::<Vec<_>>()
+            .join(" + ");
+            let written = match res {
+                "cpu" => format!(
+                    "[int(({total}) * 1000.0 + 0.5)].map(m, m % 1000 == 0 ? string(m / 1000) : string(m) + \"m\")[0]"
+                ),
+                _ => {
+                    let mut text = "string(b)".to_owned();
+                    for (suffix, unit) in fit::BINARY_SUFFIXES.iter().rev() {
+                        text = format!(
+                            "(b % {unit} == 0 ? string(b / {unit}) + \"{suffix}\" : {text})"
+                        );
+                    }
+                    format!("[int(({total}) + 0.5)].map(b, b != 0 ? {text} : \"0\")[0]")
+                }
+            };
+            let grew = added
+                .iter()
+                .map(|l| format!("{l}.exists(s, {has})"))
+                .collect::<Vec<_>>()
+                .join(" || ");
+            ops.push(format!(
+                "(has(object.spec.resources) && has({budget}) && \"{res}\" in {budget} && ({grew})) ? [JSONPatch{{op: \"add\", path: \"/spec/resources/{list}/{res}\", value: {written}}}] : []"
+            ));
+        }
+    }
+    ops
 }
 
 /// Labels and annotations the templates set, where the pod has none of that key (the first

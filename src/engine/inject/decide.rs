@@ -148,23 +148,23 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     }
     let hash = fragment_hash(inj, &templates);
     let kept = kept_containers(facts, previous.as_ref(), &templates, &hash, &mut notes);
-    for t in &templates {
-        let sidecars = t
-            .fragment
-            .containers
-            .iter()
-            .chain(&t.fragment.init_containers);
-        if let Some(clash) = fit::port_clash(
-            facts.pod,
-            owned,
-            sidecars.filter(|c| !kept.contains(&c.name)),
-        ) {
-            return Err(InjectError::PortClash {
-                template: t.name.clone(),
-                clash: Box::new(clash),
-                annotation: cfg.templates_annotation.clone(),
-            });
-        }
+    // The native sidecars first, then the regular ones, each in template order: the order
+    // they have in the injected pod, where the backstop looks for the same clash.
+    let sidecars = templates
+        .iter()
+        .flat_map(|t| t.fragment.init_containers.iter().map(move |c| (t, c)))
+        .chain(
+            templates
+                .iter()
+                .flat_map(|t| t.fragment.containers.iter().map(move |c| (t, c))),
+        )
+        .filter(|(_, c)| !kept.contains(&c.name));
+    if let Some((t, clash)) = fit::port_clash(facts.pod, owned, sidecars) {
+        return Err(InjectError::PortClash {
+            template: t.name.clone(),
+            clash: Box::new(clash),
+            annotation: cfg.templates_annotation.clone(),
+        });
     }
     completion_notes(facts, &templates, &kept, &mut notes);
     let status = status_json(inj, &templates, hash, kept, &cfg.revision, &seen);

@@ -356,6 +356,14 @@ fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
                     (value, *json),
                 );
             }
+            // Only amounts the budget sets are grown: the lists exist.
+            Edit::SetPodResource {
+                list,
+                resource,
+                value,
+            } => w.op(&["spec", "resources", list], Some(resource), |w| {
+                w.json_str(value)
+            }),
         }
     }
     w.finish()

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{
 };
 
 use crate::engine::config::Injector;
+use crate::engine::fit;
 use crate::engine::inject::decide::Plan;
 use crate::engine::template::Piece;
 use crate::engine::view::PodView;
@@ -60,6 +61,13 @@ pub enum Edit<'p> {
         value: &'p str,
         /// The value as a JSON string, when it was written once for many patches.
         json: Option<&'p str>,
+    },
+    /// An amount of the pod-level budget (`spec.resources.<list>.<resource>`), grown by the
+    /// sidecars added.
+    SetPodResource {
+        list: &'static str,
+        resource: &'static str,
+        value: String,
     },
 }
 
@@ -126,6 +134,7 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
     // A typical injection makes about a dozen edits.
     let mut edits = Vec::with_capacity(16);
     let sidecars = add_sidecars_and_volumes(pod, plan, &mut edits);
+    grow_budget(pod, &mut edits);
     add_mounts_and_env(pod, plan, &sidecars, &mut edits);
     set_metadata(inj, pod, plan, &mut edits);
     edits
@@ -195,6 +204,33 @@ fn add_sidecars_and_volumes<'p>(
         }
     }
     sidecars
+}
+
+/// A pod-level budget grows by what the sidecars added ask for ([`fit::grown_budget`]); one
+/// already injected adds nothing, so injecting again changes nothing.
+fn grow_budget<'p>(pod: &PodView<'_>, edits: &mut Vec<Edit<'p>>) {
+    let Some(budget) = pod.spec.as_ref().and_then(|s| s.resources) else {
+        return;
+    };
+    let mut inits = Vec::new();
+    let mut containers = Vec::new();
+    for e in edits.iter() {
+        match e {
+            Edit::PrependInitContainers(cs) => inits.extend(cs.iter().map(|c| c.value)),
+            Edit::AppendContainer(c) => containers.push(c.value),
+            _ => {}
+        }
+    }
+    let grown = fit::grown_budget(Some(budget.get()), &inits, &containers);
+    edits.extend(
+        grown
+            .into_iter()
+            .map(|(list, resource, value)| Edit::SetPodResource {
+                list,
+                resource,
+                value,
+            }),
+    );
 }
 
 /// The template mounts and env each application container lacks.
@@ -333,6 +369,11 @@ impl Edit<'_> {
             }
             Edit::SetLabel { key, value } => format!("label {key}={value}"),
             Edit::SetAnnotation { key, value, .. } => format!("annotation {key}={value}"),
+            Edit::SetPodResource {
+                list,
+                resource,
+                value,
+            } => format!("pod-level {list} {resource}={value} (grown by the sidecars')"),
         }
     }
 }
@@ -379,6 +420,21 @@ pub fn apply(pod: &mut Pod, edits: &[Edit<'_>]) {
                     .annotations
                     .get_or_insert_with(Default::default)
                     .insert((*key).to_owned(), (*value).to_owned());
+            }
+            Edit::SetPodResource {
+                list,
+                resource,
+                value,
+            } => {
+                let r = spec.resources.get_or_insert_with(Default::default);
+                let amounts = match *list {
+                    "requests" => &mut r.requests,
+                    _ => &mut r.limits,
+                };
+                amounts.get_or_insert_with(Default::default).insert(
+                    (*resource).to_owned(),
+                    k8s_openapi::apimachinery::pkg::api::resource::Quantity(value.clone()),
+                );
             }
         }
     }

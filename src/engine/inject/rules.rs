@@ -3,6 +3,7 @@
 use crate::engine::config::{Injector, NAMESPACE_ENABLED};
 use crate::engine::fit::PortClash;
 use crate::engine::inject::facts::{Entry, PodFacts};
+use crate::engine::messages;
 use crate::engine::overrides::BadValue;
 use crate::engine::template::TemplateError;
 use crate::engine::view::PodView;
@@ -60,8 +61,8 @@ pub enum InjectError {
         source: Box<BadValue>,
     },
     #[error(
-        "template {template:?}: sidecar {sidecar:?} declares port {port}/{protocol}, which the pod's container {container:?} declares too: in the pod's one network namespace only one of them can bind it. Give {container:?} another port, or leave template {template:?} out ({annotation})",
-        sidecar = clash.sidecar, port = clash.port, protocol = clash.protocol, container = clash.container
+        "{}",
+        messages::port_clash(template, &clash.sidecar, &clash.port.to_string(), &clash.protocol, &clash.container, annotation)
     )]
     PortClash {
         template: String,

@@ -709,3 +709,58 @@ fn a_port_the_pod_uses_refuses_the_sidecar() {
     );
     plan_of(&inj, &with_ports(json!([{"containerPort": 8080}])));
 }
+
+/// A pod-level budget grows by what the sidecars added ask for, each amount it sets (and only
+/// those); injected again, nothing grows twice. A Guaranteed budget stays Guaranteed.
+#[test]
+fn a_pod_level_budget_grows_by_the_sidecars() {
+    let inj = injector();
+    let budgeted = |resources: serde_json::Value| {
+        let mut p = opted_in();
+        p.spec.as_mut().expect("spec").resources =
+            Some(serde_json::from_value(resources).expect("resources"));
+        p
+    };
+    let grown = |p: &Pod| {
+        let json = crate::engine::view::pod_json(p);
+        let view = PodView::parse(&json).expect("view");
+        let plan = plan_of(&inj, p);
+        let mut injected = p.clone();
+        apply(&mut injected, &plan_edits(&inj, &view, &plan));
+        let r = injected
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.clone())
+            .unwrap_or_default();
+        let show = |m: Option<
+            BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+        >| {
+            m.unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| format!("{k}={}", v.0))
+                .collect::<Vec<_>>()
+        };
+        (injected, show(r.requests), show(r.limits))
+    };
+    let p = budgeted(
+        json!({"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}),
+    );
+    let (injected, requests, limits) = grown(&p);
+    assert_eq!(requests, ["cpu=110m", "memory=160Mi"]);
+    assert_eq!(limits, ["cpu=1600m", "memory=1344Mi"]);
+    let json = crate::engine::view::pod_json(&injected);
+    let view = PodView::parse(&json).expect("view");
+    assert!(plan_edits(&inj, &view, &plan_of(&inj, &injected)).is_empty());
+    // Only what the budget sets.
+    let (_, requests, limits) = grown(&budgeted(json!({"limits": {"memory": "2Gi"}})));
+    assert_eq!(
+        (requests, limits),
+        (vec![], vec!["memory=2368Mi".to_owned()])
+    );
+    // Guaranteed at pod level: the sidecars' limits are their requests, both grow alike.
+    let (_, requests, limits) = grown(&budgeted(
+        json!({"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}}),
+    ));
+    assert_eq!(requests, limits);
+    assert_eq!(requests, ["cpu=2060m", "memory=1120Mi"]);
+}
