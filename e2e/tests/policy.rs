@@ -98,6 +98,14 @@ fn generated(i: u64) -> Value {
             annotations.insert(key, *g.pick(values));
         }
     }
+    if g.chance(5) {
+        // The containers that get the mounts and env: application and init containers by
+        // name, a name of none, blanks.
+        annotations.insert(
+            "sidecar-injector.io/containers",
+            *g.pick(&["c0", "c1, init0", "init1,c0,nope", "", " , c2", "init0"]),
+        );
+    }
     let mut containers = Vec::new();
     // Ports the proxy routes to: duplicates within and across containers, named and not, UDP
     // (left out) and TCP written or left to the API server's default.

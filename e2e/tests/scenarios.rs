@@ -2433,7 +2433,9 @@ fn qos_class(pod: &Pod) -> Option<&str> {
 /// server stores it (`status.qosClass`): its sidecars' limits are their requests; a
 /// `Burstable` one keeps the sidecars' own limits. A pod that already runs another mesh's
 /// proxy (a container named `istio-proxy`) gets the log shipper but not our proxy. A pod
-/// whose own container declares the proxy's port is refused, naming both and the fix.
+/// whose own container declares the proxy's port is refused, naming both and the fix. The
+/// containers annotation sends the mounts and env to the init container it names only. A
+/// pod-level budget grows by what the sidecars ask for (1.34+).
 #[tokio::test]
 async fn s27_the_pods_class_and_ports_are_kept() -> anyhow::Result<()> {
     scenario("s27-class-and-ports", &[], |cx| async move {
@@ -2499,6 +2501,25 @@ async fn s27_the_pods_class_and_ports_are_kept() -> anyhow::Result<()> {
                 && refusal.contains("sidecar-injector.io/templates"),
             "expected the port clash's refusal, got: {refusal}"
         );
+        // The containers annotation: the init container named gets the mounts and env, the
+        // application container not named does not; the validator admits it so.
+        let targeted = annotated(opted_in("targeted"), "sidecar-injector.io/containers", "app-init");
+        let stored = accepts(&pods, &targeted).await?;
+        let spec = stored.spec.as_ref().context("no spec")?;
+        let has_dir = |c: &k8s_openapi::api::core::v1::Container| {
+            c.env.iter().flatten().any(|e| e.name == "APP_LOG_DIR")
+                && c.volume_mounts.iter().flatten().any(|m| m.name == LOGS_VOLUME)
+        };
+        let with: Vec<&str> = spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+            .filter(|c| has_dir(c))
+            .map(|c| c.name.as_str())
+            .collect();
+        ensure!(with == ["app-init"], "the log directory reached {with:?}");
+
         // Pod-level resources (1.34+, on by default): a budget below what the sidecars ask for
         // would be refused by the API server; it grows by exactly their requests and limits.
         let info = cx.client.apiserver_version().await?;

@@ -38,6 +38,10 @@ pub struct ConfigFile {
     pub inject_label: String,
     #[serde(default = "defaults::templates_annotation")]
     pub templates_annotation: String,
+    /// Comma-separated names of the pod's containers and init containers that receive the
+    /// templates' mounts and env vars; absent: every application container, no init container.
+    #[serde(default = "defaults::containers_annotation")]
+    pub containers_annotation: String,
     #[serde(default = "defaults::status_annotation")]
     pub status_annotation: String,
     /// This installation's revision. Empty: the default revision, which injects pods and
@@ -109,6 +113,9 @@ mod defaults {
     }
     pub fn templates_annotation() -> String {
         "sidecar-injector.io/templates".into()
+    }
+    pub fn containers_annotation() -> String {
+        "sidecar-injector.io/containers".into()
     }
     pub fn status_annotation() -> String {
         "sidecar-injector.io/status".into()

@@ -101,3 +101,10 @@ pub fn port_clash(
         "template {template:?}: sidecar {sidecar:?} declares port {port}/{protocol}, which the pod's container {container:?} declares too: in the pod's one network namespace only one of them can bind it. Give {container:?} another port, or leave template {template:?} out ({annotation})"
     )
 }
+
+/// The note of a pod whose containers annotation names no container of its own.
+pub fn target_missing(annotation: &str, name: &str) -> String {
+    format!(
+        "annotation {annotation} names {name:?}, which is not one of the pod's own containers or init containers: nothing of the templates is added to it"
+    )
+}

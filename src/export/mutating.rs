@@ -37,7 +37,7 @@ pub fn mutating(
         .collect();
     let windows_ok = windows_ok(&fragments);
     let hash = export_hash(&all);
-    let mut ops: Vec<String> = container_ops(&all)?.into_iter().collect();
+    let mut ops: Vec<String> = Vec::new();
     let mut variables = variables(inj, &fragments, &windows_ok, &hash, &lists);
     // Before the sidecars added, which read it.
     if any_guaranteed_variant(&all) {
@@ -50,7 +50,12 @@ pub fn mutating(
             .collect();
         variables.push(json!({"name": "guaranteed", "expression": cel::guaranteed(&owned)}));
     }
-    ops.extend(added_ops(&all, &mut variables)?);
+    let added = added_ops(&all, &mut variables)?;
+    let added_inits = variables.iter().any(|v| v["name"] == "addedInits");
+    let (containers, inits) = targeting_ops(&all, added_inits)?;
+    ops.extend(containers);
+    ops.extend(added);
+    ops.extend(inits);
     ops.extend(metadata_ops(inj, &all)?);
     let match_conditions = match_conditions(inj, &all, &fragments, &windows_ok);
     let mut docs = vec![json!({
@@ -166,37 +171,72 @@ fn in_order(map: &str, same: &str, absent: &str) -> String {
     )
 }
 
-/// Mounts and env, for every application container (not a sidecar of the templates
-/// injected): what it lacks, in template order, appended (or the list created).
-fn container_ops(all: &[(String, Symbolic)]) -> Result<Option<String>, ExportError> {
+/// Mounts and env, for each container of `list` that receives them (`guard`, over `c`): what
+/// it lacks, in template order, appended (or the list created) at index `at` (over `i`).
+fn container_ops(
+    all: &[(String, Symbolic)],
+    list: &str,
+    pod_list: &str,
+    at: &str,
+    guard: &str,
+) -> Result<Option<String>, ExportError> {
     let mut per = Vec::new();
-    for (field, ty, same, has) in [
+    for (field, same, has) in [
         (
             "volumeMounts",
-            "Object.spec.containers.volumeMounts",
             "y.name == m.name || y.mountPath == m.mountPath",
             "has(c.volumeMounts) && c.volumeMounts.exists(y, y.name == m.name || y.mountPath == m.mountPath)",
         ),
         (
             "env",
-            "Object.spec.containers.env",
             "y.name == m.name",
             "has(c.env) && c.env.exists(y, y.name == m.name)",
         ),
     ] {
-        if let Some(map) = by_template(all, field, ty)? {
+        let ty = format!("Object.spec.{list}.{field}");
+        if let Some(map) = by_template(all, field, &ty)? {
             let new = in_order(&map, same, has);
             per.push(format!(
-                "[{new}].map(new, new.size() == 0 ? [] : (has(c.{field}) ? new.map(m, JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(i) + \"/{field}/-\", value: m}}) : [JSONPatch{{op: \"add\", path: \"/spec/containers/\" + string(i) + \"/{field}\", value: new}}]))[0]"
+                "[{new}].map(new, new.size() == 0 ? [] : (has(c.{field}) ? new.map(m, JSONPatch{{op: \"add\", path: \"/spec/{list}/\" + string({at}) + \"/{field}/-\", value: m}}) : [JSONPatch{{op: \"add\", path: \"/spec/{list}/\" + string({at}) + \"/{field}\", value: new}}]))[0]"
             ));
         }
     }
     Ok((!per.is_empty()).then(|| {
         format!(
-            "object.spec.containers.transformList(i, c, !(c.name in variables.sidecars), {}).flatten()",
+            "{pod_list}.transformList(i, c, {guard}, {}).flatten()",
             per.join("\n    + ")
         )
     }))
+}
+
+/// The containers that receive the templates' mounts and env: every application container
+/// (not a sidecar of the templates injected) or, when the pod names them
+/// (`containersAnnotation`), those it names, init containers included; as the webhook.
+fn targeting_ops(
+    all: &[(String, Symbolic)],
+    added_inits: bool,
+) -> Result<(Option<String>, Option<String>), ExportError> {
+    let containers = container_ops(
+        all,
+        "containers",
+        "object.spec.containers",
+        "i",
+        "!(c.name in variables.sidecars) && (!variables.targeted || c.name in variables.targets)",
+    )?;
+    // The pod's own init containers come after those the policy places before them.
+    let at = if added_inits {
+        "i + variables.addedInits.size()"
+    } else {
+        "i"
+    };
+    let inits = container_ops(
+        all,
+        "initContainers",
+        "(has(object.spec.initContainers) ? object.spec.initContainers : [])",
+        at,
+        "!(c.name in variables.sidecars) && variables.targeted && c.name in variables.targets",
+    )?;
+    Ok((containers, inits))
 }
 
 /// The sidecar containers and the volumes and image pull secrets the pod lacks, appended in
@@ -386,10 +426,13 @@ fn variables(
 ) -> Vec<Value> {
     let owned = inj.templates.owned();
     let sidecars = sidecars_by_template(fragments);
+    let targets = cel::string(&inj.config.containers_annotation);
     let variables = vec![
         json!({"name": "asked", "expression": cel::asked(inj, true)}),
         json!({"name": "injected", "expression": cel::injected(inj, "variables.asked", windows_ok, &conflicts(fragments))}),
         json!({"name": "names", "expression": "object.spec.containers.map(c, c.name) + (has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : [])"}),
+        json!({"name": "targeted", "expression": format!("has(object.metadata.annotations) && {targets} in object.metadata.annotations")}),
+        json!({"name": "targets", "expression": format!("variables.targeted ? object.metadata.annotations[{targets}].split(\",\").map(n, n.trim()).filter(n, n != \"\") : []")}),
         json!({"name": "sidecars", "expression": format!("variables.injected.map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}),
         json!({"name": "status", "expression": status_expr(inj, hash, owned)}),
     ];

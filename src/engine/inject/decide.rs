@@ -7,7 +7,7 @@ use crate::engine::config::Injector;
 use crate::engine::context::{Seen, Shown};
 use crate::engine::inject::facts::{Entry, PodFacts};
 use crate::engine::inject::rules::{
-    InjectError, SkipReason, malformed, opt_in, runs_to_completion, selected_templates,
+    InjectError, SkipReason, malformed, opt_in, runs_to_completion, selected_templates, targets,
 };
 use crate::engine::inject::status::{Rendered, Status, fragment_hash, status_json};
 use crate::engine::template::Quoted;
@@ -167,6 +167,14 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         });
     }
     completion_notes(facts, &templates, &kept, &mut notes);
+    if let Some(targets) = targets(inj, facts.pod) {
+        for name in targets
+            .into_iter()
+            .filter(|n| !runs(n) || owned.contains(*n))
+        {
+            notes.push(messages::target_missing(&cfg.containers_annotation, name));
+        }
+    }
     let status = status_json(inj, &templates, hash, kept, &cfg.revision, &seen);
     Ok(Decision::Inject(Plan {
         entry,

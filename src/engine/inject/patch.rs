@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use crate::engine::inject::plan::Edit;
 use crate::engine::json;
 use crate::engine::template::Piece;
-use crate::engine::view::PodView;
+use crate::engine::view::{ContainerView, PodView};
 
 /// A JSONPatch: the bytes written for it, with each long fragment piece left out and noted
 /// where it belongs. A long piece's JSON is copied only if the whole JSON is asked for
@@ -261,22 +261,38 @@ fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
     let has_init = spec.is_some_and(|s| s.init_containers.is_some());
     let has_volumes = spec.is_some_and(|s| s.volumes.is_some());
     let has_secrets = spec.is_some_and(|s| s.image_pull_secrets.is_some());
-    let container = |i: usize| pod.containers().get(i);
+    // A mount or env var of the pod's own init container `i` lands after the init containers
+    // this patch places before them.
+    let prepended: usize = edits
+        .iter()
+        .map(|e| match e {
+            Edit::PrependInitContainers(cs) => cs.len(),
+            _ => 0,
+        })
+        .sum();
+    let slot = |i: usize, init: bool, has: fn(&ContainerView<'_>) -> bool| match init {
+        false => (pod.containers().get(i).is_some_and(has), ("containers", i)),
+        true => (
+            pod.init_containers().get(i).is_some_and(has),
+            ("initContainers", i + prepended),
+        ),
+    };
     let meta = pod.metadata.as_ref();
     let has_labels = meta.is_some_and(|m| m.labels.is_some());
     let has_annotations = meta.is_some_and(|m| m.annotations.is_some());
     // Arrays created by an earlier edit of this patch: appended to from then on.
-    let mut created: Vec<(&str, Option<usize>)> = Vec::new();
+    let mut created: Vec<(&str, Option<(&str, usize)>)> = Vec::new();
     let mut append = |w: &mut PatchWriter<'p>,
                       exists: bool,
                       field: &'static str,
-                      container: Option<usize>,
+                      container: Option<(&'static str, usize)>,
                       piece: &'p Piece| {
         let mut buf = [0; 20];
-        let digits = container.map(|i| index_token(i, &mut buf));
+        let digits = container.map(|(list, i)| (list, index_token(i, &mut buf)));
         let mut path = ["spec", "containers", "", field, "-"];
         let path: &mut [&str] = match &digits {
-            Some(d) => {
+            Some((list, d)) => {
+                path[1] = list;
                 path[2] = d;
                 &mut path[..]
             }
@@ -329,14 +345,19 @@ fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
             }
             Edit::AddVolumeMount {
                 container: i,
+                init,
                 mount,
             } => {
-                let exists = container(*i).is_some_and(|c| c.volume_mounts.is_some());
-                append(&mut w, exists, "volumeMounts", Some(*i), mount.piece);
+                let (exists, at) = slot(*i, *init, |c| c.volume_mounts.is_some());
+                append(&mut w, exists, "volumeMounts", Some(at), mount.piece);
             }
-            Edit::AddEnv { container: i, env } => {
-                let exists = container(*i).is_some_and(|c| c.env.is_some());
-                append(&mut w, exists, "env", Some(*i), env.piece);
+            Edit::AddEnv {
+                container: i,
+                init,
+                env,
+            } => {
+                let (exists, at) = slot(*i, *init, |c| c.env.is_some());
+                append(&mut w, exists, "env", Some(at), env.piece);
             }
             Edit::SetLabel { key, value } => {
                 set_entry(

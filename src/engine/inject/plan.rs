@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::{
 use crate::engine::config::Injector;
 use crate::engine::fit;
 use crate::engine::inject::decide::Plan;
+use crate::engine::inject::rules::targets;
 use crate::engine::template::Piece;
-use crate::engine::view::PodView;
+use crate::engine::view::{ContainerView, PodView};
 
 /// An item of a rendered fragment: the typed value and its JSON.
 #[derive(Debug, PartialEq)]
@@ -44,12 +45,16 @@ pub enum Edit<'p> {
     AppendContainer(Part<'p, Container>),
     AddVolume(Part<'p, Volume>),
     AddImagePullSecret(Part<'p, LocalObjectReference>),
+    /// A mount for container `container` of `spec.containers` or, with `init`, of the pod's
+    /// own `spec.initContainers` as it arrived (placed after the init containers added).
     AddVolumeMount {
         container: usize,
+        init: bool,
         mount: Part<'p, VolumeMount>,
     },
     AddEnv {
         container: usize,
+        init: bool,
         env: Part<'p, EnvVar>,
     },
     SetLabel {
@@ -135,7 +140,8 @@ pub fn plan_edits<'p>(inj: &'p Injector, pod: &PodView<'_>, plan: &'p Plan) -> V
     let mut edits = Vec::with_capacity(16);
     let sidecars = add_sidecars_and_volumes(pod, plan, &mut edits);
     grow_budget(pod, &mut edits);
-    add_mounts_and_env(pod, plan, &sidecars, &mut edits);
+    let targets = targets(inj, pod);
+    add_mounts_and_env(pod, plan, &sidecars, targets.as_deref(), &mut edits);
     set_metadata(inj, pod, plan, &mut edits);
     edits
 }
@@ -233,14 +239,16 @@ fn grow_budget<'p>(pod: &PodView<'_>, edits: &mut Vec<Edit<'p>>) {
     );
 }
 
-/// The template mounts and env each application container lacks.
+/// The template mounts and env each container that receives them lacks: every application
+/// container, or those `targets` names (application and init containers) when the pod names
+/// any. A template's own sidecars never do.
 fn add_mounts_and_env<'p>(
     pod: &PodView<'_>,
     plan: &'p Plan,
     sidecars: &Names<'_>,
+    targets: Option<&[&str]>,
     edits: &mut Vec<Edit<'p>>,
 ) {
-    let containers = pod.containers();
     // Mounts and env reach every application container present now, including containers
     // another webhook added after us, so that reinvocation converges.
     let mut template_env = Names::new();
@@ -249,48 +257,75 @@ fn add_mounts_and_env<'p>(
             template_env.insert(e.value.name.as_str());
         }
     }
-    for (index, container) in containers.iter().enumerate() {
-        if sidecars.contains(container.name.as_str()) {
-            continue;
+    let lists: [(&[ContainerView<'_>], bool); 2] = [
+        (pod.containers(), false),
+        (
+            if targets.is_some() {
+                pod.init_containers()
+            } else {
+                &[]
+            },
+            true,
+        ),
+    ];
+    for (containers, init) in lists {
+        for (index, container) in containers.iter().enumerate() {
+            let name = container.name.as_str();
+            if sidecars.contains(name) || targets.is_some_and(|t| !t.contains(&name)) {
+                continue;
+            }
+            add_to_container(plan, container, index, init, &template_env, edits);
         }
-        let mounts = container.volume_mounts.as_deref().unwrap_or_default();
-        let mut mount_names = Names::with_capacity(mounts.len());
-        let mut mount_paths = Names::with_capacity(mounts.len());
-        for m in mounts {
-            mount_names.insert(m.name());
-            mount_paths.insert(m.mount_path());
+    }
+}
+
+fn add_to_container<'p>(
+    plan: &'p Plan,
+    container: &ContainerView<'_>,
+    index: usize,
+    init: bool,
+    template_env: &Names<'_>,
+    edits: &mut Vec<Edit<'p>>,
+) {
+    let mounts = container.volume_mounts.as_deref().unwrap_or_default();
+    let mut mount_names = Names::with_capacity(mounts.len());
+    let mut mount_paths = Names::with_capacity(mounts.len());
+    for m in mounts {
+        mount_names.insert(m.name());
+        mount_paths.insert(m.mount_path());
+    }
+    // Of the container's env (thousands, in a large pod) only the names the templates add
+    // matter: one pass keeps those, instead of a set of them all.
+    let env = container.env.as_deref().unwrap_or_default();
+    let mut env_names = Names::new();
+    for e in env {
+        let name = e.name();
+        if template_env.contains(name) {
+            env_names.insert(name);
         }
-        // Of the container's env (thousands, in a large pod) only the names the templates add
-        // matter: one pass keeps those, instead of a set of them all.
-        let env = container.env.as_deref().unwrap_or_default();
-        let mut env_names = Names::new();
-        for e in env {
-            let name = e.name();
-            if template_env.contains(name) {
-                env_names.insert(name);
+    }
+    for t in &plan.templates {
+        let f = &*t.fragment;
+        for m in parts(&f.volume_mounts, &f.json.volume_mounts) {
+            if !mount_names.contains(m.value.name.as_str())
+                && !mount_paths.contains(m.value.mount_path.as_str())
+            {
+                mount_names.insert(&m.value.name);
+                mount_paths.insert(&m.value.mount_path);
+                edits.push(Edit::AddVolumeMount {
+                    container: index,
+                    init,
+                    mount: m,
+                });
             }
         }
-        for t in &plan.templates {
-            let f = &*t.fragment;
-            for m in parts(&f.volume_mounts, &f.json.volume_mounts) {
-                if !mount_names.contains(m.value.name.as_str())
-                    && !mount_paths.contains(m.value.mount_path.as_str())
-                {
-                    mount_names.insert(&m.value.name);
-                    mount_paths.insert(&m.value.mount_path);
-                    edits.push(Edit::AddVolumeMount {
-                        container: index,
-                        mount: m,
-                    });
-                }
-            }
-            for e in parts(&f.env, &f.json.env) {
-                if env_names.insert(&e.value.name) {
-                    edits.push(Edit::AddEnv {
-                        container: index,
-                        env: e,
-                    });
-                }
+        for e in parts(&f.env, &f.json.env) {
+            if env_names.insert(&e.value.name) {
+                edits.push(Edit::AddEnv {
+                    container: index,
+                    init,
+                    env: e,
+                });
             }
         }
     }
@@ -358,14 +393,28 @@ impl Edit<'_> {
             Edit::AppendContainer(c) => format!("container {} ({})", c.value.name, image(c.value)),
             Edit::AddVolume(v) => format!("volume {}", v.value.name),
             Edit::AddImagePullSecret(s) => format!("image pull secret {}", s.value.name),
-            Edit::AddVolumeMount { container, mount } => {
+            Edit::AddVolumeMount {
+                container,
+                init,
+                mount,
+            } => {
                 format!(
-                    "mount {} at {} in container #{container}",
-                    mount.value.name, mount.value.mount_path
+                    "mount {} at {} in {} #{container}",
+                    mount.value.name,
+                    mount.value.mount_path,
+                    if *init { "init container" } else { "container" }
                 )
             }
-            Edit::AddEnv { container, env } => {
-                format!("env {} in container #{container}", env.value.name)
+            Edit::AddEnv {
+                container,
+                init,
+                env,
+            } => {
+                format!(
+                    "env {} in {} #{container}",
+                    env.value.name,
+                    if *init { "init container" } else { "container" }
+                )
             }
             Edit::SetLabel { key, value } => format!("label {key}={value}"),
             Edit::SetAnnotation { key, value, .. } => format!("annotation {key}={value}"),
@@ -378,14 +427,30 @@ impl Edit<'_> {
     }
 }
 
+/// The container an edit names: of `spec.containers`, or of the pod's own init containers,
+/// after the `prepended` ones the same edits placed before them.
+fn target(
+    spec: &mut k8s_openapi::api::core::v1::PodSpec,
+    index: usize,
+    init: bool,
+    prepended: usize,
+) -> Option<&mut Container> {
+    match init {
+        false => spec.containers.get_mut(index),
+        true => spec.init_containers.as_mut()?.get_mut(index + prepended),
+    }
+}
+
 /// Applies edits to a typed pod.
 pub fn apply(pod: &mut Pod, edits: &[Edit<'_>]) {
+    let mut prepended = 0;
     for edit in edits {
         let spec = pod.spec.get_or_insert_with(Default::default);
         match edit {
             Edit::PrependInitContainers(cs) => {
                 let init = spec.init_containers.get_or_insert_with(Vec::new);
                 init.splice(0..0, cs.iter().map(|c| c.value.clone()));
+                prepended += cs.len();
             }
             Edit::AppendContainer(c) => spec.containers.push(c.value.clone()),
             Edit::AddVolume(v) => spec
@@ -397,15 +462,23 @@ pub fn apply(pod: &mut Pod, edits: &[Edit<'_>]) {
                     .get_or_insert_with(Vec::new)
                     .push(s.value.clone());
             }
-            Edit::AddVolumeMount { container, mount } => {
-                if let Some(c) = spec.containers.get_mut(*container) {
+            Edit::AddVolumeMount {
+                container,
+                init,
+                mount,
+            } => {
+                if let Some(c) = target(spec, *container, *init, prepended) {
                     c.volume_mounts
                         .get_or_insert_with(Vec::new)
                         .push(mount.value.clone());
                 }
             }
-            Edit::AddEnv { container, env } => {
-                if let Some(c) = spec.containers.get_mut(*container) {
+            Edit::AddEnv {
+                container,
+                init,
+                env,
+            } => {
+                if let Some(c) = target(spec, *container, *init, prepended) {
                     c.env.get_or_insert_with(Vec::new).push(env.value.clone());
                 }
             }

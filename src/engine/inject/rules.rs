@@ -209,3 +209,16 @@ pub(crate) fn runs_to_completion(facts: &PodFacts<'_>) -> Option<String> {
     matches!(owner.kind.as_str(), "Job" | "CronJob")
         .then(|| format!("it belongs to {} {:?}", owner.kind, owner.name))
 }
+
+/// The containers the pod names to receive the templates' mounts and env
+/// (`containersAnnotation`, comma-separated, blanks left out), when it names any.
+pub fn targets<'a>(inj: &Injector, pod: &'a PodView<'_>) -> Option<Vec<&'a str>> {
+    let value = pod.annotation(&inj.config.containers_annotation)?;
+    Some(
+        value
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect(),
+    )
+}

@@ -764,3 +764,72 @@ fn a_pod_level_budget_grows_by_the_sidecars() {
     assert_eq!(requests, limits);
     assert_eq!(requests, ["cpu=2060m", "memory=1120Mi"]);
 }
+
+/// The containers annotation names who gets the templates' mounts and env: those named,
+/// init containers included (placed after the sidecars before them), and no one else; a name
+/// of no container is a note. Injected again, nothing more is added.
+#[test]
+fn the_containers_annotation_targets_mounts_and_env() {
+    let inj = injector();
+    let p = pod(json!({
+        "metadata": {"name": "web", "labels": {"sidecar-injector.io/inject": "true"},
+            "annotations": {"sidecar-injector.io/containers": "app, migrate,nope"}},
+        "spec": {
+            "initContainers": [{"name": "setup", "image": "s:1"}, {"name": "migrate", "image": "m:1"}],
+            "containers": [{"name": "app", "image": "a:1"}, {"name": "other", "image": "o:1"}]
+        }
+    }));
+    let plan = plan_of(&inj, &p);
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("sidecar-injector.io/containers names \"nope\"")),
+        "{:?}",
+        plan.notes
+    );
+    let json = crate::engine::view::pod_json(&p);
+    let view = PodView::parse(&json).expect("view");
+    let edits = plan_edits(&inj, &view, &plan);
+    let patch: serde_json::Value =
+        serde_json::from_slice(&to_patch(&view, &edits).json()).expect("json");
+    let paths: Vec<&str> = patch
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|op| op["path"].as_str())
+        .filter(|p| p.ends_with("/volumeMounts") || p.ends_with("/env"))
+        .collect();
+    // Two sidecars go before the pod's init containers: "migrate" (its second) is at 3.
+    assert_eq!(
+        paths,
+        [
+            "/spec/containers/0/volumeMounts",
+            "/spec/containers/0/env",
+            "/spec/initContainers/3/volumeMounts",
+            "/spec/initContainers/3/env",
+        ]
+    );
+    let mut injected = p.clone();
+    apply(&mut injected, &edits);
+    let spec = injected.spec.as_ref().expect("spec");
+    let has_env = |c: &k8s_openapi::api::core::v1::Container| {
+        c.env.iter().flatten().any(|e| e.name == "APP_LOG_DIR")
+    };
+    let with: Vec<&str> = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+        .filter(|c| has_env(c))
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(with, ["migrate", "app"]);
+    // The patch and the typed road agree.
+    let mut patched = serde_json::to_value(&p).expect("pod");
+    let ops: json_patch::Patch = serde_json::from_value(patch).expect("patch");
+    json_patch::patch(&mut patched, &ops).expect("applies");
+    assert_eq!(patched, serde_json::to_value(&injected).expect("pod"));
+    let json = crate::engine::view::pod_json(&injected);
+    let view = PodView::parse(&json).expect("view");
+    assert!(plan_edits(&inj, &view, &plan_of(&inj, &injected)).is_empty());
+}
