@@ -50,11 +50,10 @@ pub fn mutating(
             .collect();
         variables.push(json!({"name": "guaranteed", "expression": cel::guaranteed(&owned)}));
     }
-    let added = added_ops(&all, &mut variables)?;
-    let added_inits = variables.iter().any(|v| v["name"] == "addedInits");
-    let (containers, inits) = targeting_ops(&all, added_inits)?;
+    let (containers, inits) = targeting_ops(&all)?;
     ops.extend(containers);
-    ops.extend(added);
+    ops.extend(added_ops(&all)?);
+    ops.extend(budget_ops(&all)?);
     ops.extend(inits);
     ops.extend(metadata_ops(inj, &all)?);
     let match_conditions = match_conditions(inj, &all, &fragments, &windows_ok);
@@ -214,7 +213,6 @@ fn container_ops(
 /// (`containersAnnotation`), those it names, init containers included; as the webhook.
 fn targeting_ops(
     all: &[(String, Symbolic)],
-    added_inits: bool,
 ) -> Result<(Option<String>, Option<String>), ExportError> {
     let containers = container_ops(
         all,
@@ -224,50 +222,34 @@ fn targeting_ops(
         "!(c.name in variables.sidecars) && (!variables.targeted || c.name in variables.targets)",
     )?;
     // The pod's own init containers come after those the policy places before them.
-    let at = if added_inits {
-        "i + variables.addedInits.size()"
-    } else {
-        "i"
-    };
     let inits = container_ops(
         all,
         "initContainers",
         "(has(object.spec.initContainers) ? object.spec.initContainers : [])",
-        at,
+        "i + variables.initsAdded",
         "!(c.name in variables.sidecars) && variables.targeted && c.name in variables.targets",
     )?;
     Ok((containers, inits))
 }
 
 /// The sidecar containers and the volumes and image pull secrets the pod lacks, appended in
-/// template order; the init containers, in template order, before the pod's own; and the
-/// pod-level budget grown by the sidecars added. The sidecars added are policy variables
-/// (`addedContainers`, `addedInits`, pushed to `variables`), read by both.
-fn added_ops(
-    all: &[(String, Symbolic)],
-    variables: &mut Vec<Value>,
-) -> Result<Vec<String>, ExportError> {
+/// template order; the init containers, in template order, before the pod's own.
+fn added_ops(all: &[(String, Symbolic)]) -> Result<Vec<String>, ExportError> {
     let mut ops = Vec::new();
-    let mut added = Vec::new();
     // Sidecar containers, appended in template order.
     if let Some(map) = by_template(all, "containers", "Object.spec.containers")? {
         let new = in_order(&map, "y.name == m.name", "m.name in variables.names");
-        variables.push(json!({"name": "addedContainers", "expression": new}));
-        added.push("variables.addedContainers");
-        ops.push(
-            "variables.addedContainers.map(s, JSONPatch{op: \"add\", path: \"/spec/containers/-\", value: s})".to_owned(),
-        );
+        ops.push(format!(
+            "{new}.map(s, JSONPatch{{op: \"add\", path: \"/spec/containers/-\", value: s}})"
+        ));
     }
     // Init containers, in template order, before the pod's own.
     if let Some(map) = by_template(all, "initContainers", "Object.spec.initContainers")? {
         let new = in_order(&map, "y.name == m.name", "m.name in variables.names");
-        variables.push(json!({"name": "addedInits", "expression": new}));
-        added.insert(0, "variables.addedInits");
-        ops.push(
-            "variables.addedInits.size() == 0 ? [] : (has(object.spec.initContainers) ? variables.addedInits.transformList(k, s, JSONPatch{op: \"add\", path: \"/spec/initContainers/\" + string(k), value: s}) : [JSONPatch{op: \"add\", path: \"/spec/initContainers\", value: variables.addedInits}])".to_owned(),
-        );
+        ops.push(format!(
+            "[{new}].map(new, new.size() == 0 ? [] : (has(object.spec.initContainers) ? new.transformList(k, s, JSONPatch{{op: \"add\", path: \"/spec/initContainers/\" + string(k), value: s}}) : [JSONPatch{{op: \"add\", path: \"/spec/initContainers\", value: new}}]))[0]"
+        ));
     }
-    ops.extend(budget_ops(&added));
     for (field, ty) in [
         ("volumes", "Object.spec.volumes"),
         ("imagePullSecrets", "Object.spec.imagePullSecrets"),
@@ -288,47 +270,82 @@ fn added_ops(
     Ok(ops)
 }
 
-/// The pod-level budget's cpu and memory amounts, each grown by what the sidecars added (the
-/// lists of `added`: init containers first) ask for, as [`fit::grown_budget`] grows them:
-/// summed as floats in that order, a request missing counted at its limit, written in
-/// millicores or bytes rounded half up, and only where some sidecar added sets the amount.
-fn budget_ops(added: &[&str]) -> Vec<String> {
-    if added.is_empty() {
-        return Vec::new();
+/// The pod-level budget's cpu and memory amounts, each grown by what the sidecars added ask
+/// for, as [`fit::grown_budget`] grows them: a sidecar of the templates injected that the pod
+/// lacks counts its request (its limit where it sets none; its limit for limits), as a
+/// `Guaranteed` pod gets it; summed as floats, written in millicores or with the largest exact
+/// binary suffix, rounded half up, and only where some sidecar added sets the amount.
+fn budget_ops(all: &[(String, Symbolic)]) -> Result<Vec<String>, ExportError> {
+    // Each sidecar once (the first template that has it), with its JSON.
+    let mut sidecars: Vec<(&str, &Symbolic, &Value)> = Vec::new();
+    for (_, s) in all {
+        for field in ["initContainers", "containers"] {
+            for item in s
+                .json
+                .get(field)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let Some(n) = item.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                if !sidecars.iter().any(|(m, _, _)| *m == n) {
+                    sidecars.push((n, s, item));
+                }
+            }
+        }
     }
+    let amount = |item: &Value, list: &str, res: &str| -> Option<Value> {
+        let r = item.get("resources")?;
+        let get = |l: &str| r.get(l).and_then(|m| m.get(res)).cloned();
+        match list {
+            "requests" => get("requests").or_else(|| get("limits")),
+            _ => get("limits"),
+        }
+    };
     let mut ops = Vec::new();
     for list in ["requests", "limits"] {
         for res in ["cpu", "memory"] {
-            let field = |l: &str| {
-                format!(
-                    "(has(s.resources) && has(s.resources.{l}) && \"{res}\" in s.resources.{l})"
-                )
-            };
-            let value =
-                |l: &str| format!("quantity(s.resources.{l}[\"{res}\"]).asApproximateFloat()");
-            let (has, amount) = match list {
-                "requests" => (
-                    format!("({} || {})", field("requests"), field("limits")),
-                    format!(
-                        "({} ? {} : ({} ? {} : 0.0))",
-                        field("requests"),
-                        value("requests"),
-                        field("limits"),
-                        value("limits")
+            let mut terms = Vec::new();
+            let mut grew = Vec::new();
+            for (n, s, item) in &sidecars {
+                let fitted = guaranteed_variant(item).unwrap_or_else(|| (*item).clone());
+                let expr = |v: Option<Value>| -> Result<Option<String>, ExportError> {
+                    v.map(|v| symbolic::value(&v, "", &s.exprs).map_err(|r| refused(n, r)))
+                        .transpose()
+                };
+                let (plain, fit) = (
+                    expr(amount(item, list, res))?,
+                    expr(amount(&fitted, list, res))?,
+                );
+                let (has, value) = match (plain, fit) {
+                    (Some(p), Some(f)) if p == f => ("true".to_owned(), p),
+                    (Some(p), Some(f)) => (
+                        "true".to_owned(),
+                        format!("(variables.guaranteed ? {f} : {p})"),
                     ),
-                ),
-                _ => (
-                    field("limits"),
-                    format!("({} ? {} : 0.0)", field("limits"), value("limits")),
-                ),
-            };
+                    (None, Some(f)) => ("variables.guaranteed".to_owned(), f),
+                    (Some(p), None) => ("!variables.guaranteed".to_owned(), p),
+                    (None, None) => continue,
+                };
+                let name = cel::string(n);
+                let added = format!(
+                    "({name} in variables.sidecars && !({name} in variables.names) && {has})"
+                );
+                terms.push(format!(
+                    "({added} ? quantity({value}).asApproximateFloat() : 0.0)"
+                ));
+                grew.push(added);
+            }
+            if terms.is_empty() {
+                continue;
+            }
             let budget = format!("object.spec.resources.{list}");
-            let total = std::iter::once(format!(
-                "quantity({budget}[\"{res}\"]).asApproximateFloat()"
-            ))
-            .chain(added.iter().map(|l| format!("{l}.map(s, {amount}).sum()")))
-            .collect::<Vec<_>>()
-            .join(" + ");
+            let total = format!(
+                "quantity({budget}[\"{res}\"]).asApproximateFloat() + [{}].sum()",
+                terms.join(", ")
+            );
             let written = match res {
                 "cpu" => format!(
                     "[int(({total}) * 1000.0 + 0.5)].map(m, m % 1000 == 0 ? string(m / 1000) : string(m) + \"m\")[0]"
@@ -343,17 +360,13 @@ fn budget_ops(added: &[&str]) -> Vec<String> {
                     format!("[int(({total}) + 0.5)].map(b, b != 0 ? {text} : \"0\")[0]")
                 }
             };
-            let grew = added
-                .iter()
-                .map(|l| format!("{l}.exists(s, {has})"))
-                .collect::<Vec<_>>()
-                .join(" || ");
             ops.push(format!(
-                "(has(object.spec.resources) && has({budget}) && \"{res}\" in {budget} && ({grew})) ? [JSONPatch{{op: \"add\", path: \"/spec/resources/{list}/{res}\", value: {written}}}] : []"
+                "((has(object.spec.resources) && has({budget}) && \"{res}\" in {budget} && ({})) ? [JSONPatch{{op: \"add\", path: \"/spec/resources/{list}/{res}\", value: {written}}}] : [])",
+                grew.join(" || ")
             ));
         }
     }
-    ops
+    Ok(ops)
 }
 
 /// Labels and annotations the templates set, where the pod has none of that key (the first
@@ -427,12 +440,24 @@ fn variables(
     let owned = inj.templates.owned();
     let sidecars = sidecars_by_template(fragments);
     let targets = cel::string(&inj.config.containers_annotation);
+    // The native sidecars of each template, for how many the policy places before the pod's
+    // own init containers (homogeneous literals: "" stands for none and is left out).
+    let inits: Vec<String> = fragments
+        .iter()
+        .map(|(name, f)| {
+            let mut names: Vec<&str> = f.init_containers.iter().map(|c| c.name.as_str()).collect();
+            names.push("");
+            format!("{}: {}", cel::string(name), cel::strings(names))
+        })
+        .collect();
+    let inits = format!("{{{}}}", inits.join(", "));
     let variables = vec![
         json!({"name": "asked", "expression": cel::asked(inj, true)}),
         json!({"name": "injected", "expression": cel::injected(inj, "variables.asked", windows_ok, &conflicts(fragments))}),
         json!({"name": "names", "expression": "object.spec.containers.map(c, c.name) + (has(object.spec.initContainers) ? object.spec.initContainers.map(c, c.name) : [])"}),
         json!({"name": "targeted", "expression": format!("has(object.metadata.annotations) && {targets} in object.metadata.annotations")}),
         json!({"name": "targets", "expression": format!("variables.targeted ? object.metadata.annotations[{targets}].split(\",\").map(n, n.trim()).filter(n, n != \"\") : []")}),
+        json!({"name": "initsAdded", "expression": format!("variables.injected.map(t, {inits}[t]).flatten().filter(n, n != \"\" && !(n in variables.names)).distinct().size()")}),
         json!({"name": "sidecars", "expression": format!("variables.injected.map(t, {sidecars}[t]).flatten().filter(n, n != \"\")")}),
         json!({"name": "status", "expression": status_expr(inj, hash, owned)}),
     ];
