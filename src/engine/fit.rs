@@ -239,37 +239,15 @@ mod tests {
 /// The resources a pod's QoS class is decided on.
 const QOS_RESOURCES: [&str; 2] = ["cpu", "memory"];
 
-/// The cpu and memory of a `requests` or `limits` map, as written.
-#[derive(Default, serde::Deserialize)]
-struct Amounts<'a> {
-    #[serde(borrow, default)]
-    cpu: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default)]
-    memory: Option<std::borrow::Cow<'a, str>>,
-}
-
-impl Amounts<'_> {
-    fn get(&self, resource: &str) -> Option<&str> {
-        match resource {
-            "cpu" => self.cpu.as_deref(),
-            _ => self.memory.as_deref(),
-        }
-    }
-}
-
-#[derive(Default, serde::Deserialize)]
-struct Resources<'a> {
-    #[serde(borrow, default)]
-    requests: Option<Amounts<'a>>,
-    #[serde(borrow, default)]
-    limits: Option<Amounts<'a>>,
-}
-
-/// Two quantities as Kubernetes compares them (`1` and `1000m` are equal).
+/// Two quantities as Kubernetes compares them (`1` and `1000m` are equal). The plain forms
+/// the API server writes (digits and a suffix) are compared as numbers; others are parsed.
 fn same_quantity(a: &str, b: &str) -> bool {
     use kube_quantity::ParsedQuantity;
     if a == b {
         return true;
+    }
+    if let (Some(a), Some(b)) = (plain_quantity(a), plain_quantity(b)) {
+        return a == b;
     }
     match (ParsedQuantity::try_from(a), ParsedQuantity::try_from(b)) {
         (Ok(a), Ok(b)) => a == b,
@@ -277,38 +255,50 @@ fn same_quantity(a: &str, b: &str) -> bool {
     }
 }
 
+/// A quantity written as whole digits and one of the usual suffixes, in thousandths of its
+/// unit: the forms the API server writes for cpu and memory; `None` for any other form.
+fn plain_quantity(q: &str) -> Option<u128> {
+    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
+    let (digits, suffix) = q.split_at(split);
+    if digits.is_empty() || digits.len() > 18 {
+        return None;
+    }
+    let n: u128 = digits.parse().ok()?;
+    let scale: u128 = match suffix {
+        "m" => 1,
+        "" => 1_000,
+        "k" => 1_000_000,
+        "M" => 1_000_000_000,
+        "G" => 1_000_000_000_000,
+        "T" => 1_000_000_000_000_000,
+        "Ki" => 1_000 << 10,
+        "Mi" => 1_000 << 20,
+        "Gi" => 1_000 << 30,
+        "Ti" => 1_000 << 40,
+        _ => return None,
+    };
+    n.checked_mul(scale)
+}
+
 /// Whether requirements written as `json` (a container's or the pod's `resources`) are of the
 /// Guaranteed kind: a cpu and a memory limit, and requests, where given, equal to them (the
 /// API server sets a missing request to its limit).
 fn guaranteed_resources(json: Option<&str>) -> bool {
-    let Some(json) = json else {
+    let Some(Ok([requests, limits])) = json.map(crate::engine::view::resource_amounts) else {
         return false;
     };
-    let Ok(r) = serde_json::from_str::<Resources<'_>>(json) else {
-        return false;
-    };
-    let (Some(limits), requests) = (r.limits, r.requests.unwrap_or_default()) else {
-        return false;
-    };
-    QOS_RESOURCES
-        .iter()
-        .all(|res| match (limits.get(res), requests.get(res)) {
-            (Some(limit), Some(request)) => same_quantity(limit, request),
-            (Some(_), None) => true,
-            (None, _) => false,
-        })
+    (0..QOS_RESOURCES.len()).all(|i| match (&limits[i], &requests[i]) {
+        (Some(limit), Some(request)) => same_quantity(limit, request),
+        (Some(_), None) => true,
+        (None, _) => false,
+    })
 }
 
 /// Whether pod-level `resources` (the pod's budget) are set: then they, not the containers,
 /// decide the pod's QoS class (Kubernetes 1.34+).
 fn pod_level(json: Option<&str>) -> bool {
-    json.and_then(|j| serde_json::from_str::<Resources<'_>>(j).ok())
-        .is_some_and(|r| {
-            [r.requests, r.limits]
-                .iter()
-                .flatten()
-                .any(|a| a.cpu.is_some() || a.memory.is_some())
-        })
+    json.and_then(|j| crate::engine::view::resource_amounts(j).ok())
+        .is_some_and(|lists| lists.iter().flatten().any(Option::is_some))
 }
 
 /// Whether the pod's QoS class is `Guaranteed`, as the kubelet decides it: from its pod-level
@@ -417,24 +407,28 @@ pub struct PortClash {
     pub container: String,
 }
 
-#[derive(serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PortView<'a> {
-    container_port: i32,
-    #[serde(borrow, default)]
-    protocol: Option<std::borrow::Cow<'a, str>>,
-}
-
 /// The first port a sidecar of `sidecars` (each with what it came from; not kept) declares
 /// that a container of the pod, other than a template's sidecar, declares too (same number and
 /// protocol): the first such container, of its containers then its init containers.
 pub fn port_clash<'a, T>(
     pod: &PodView<'_>,
     owned: &BTreeSet<String>,
-    sidecars: impl Iterator<Item = (T, &'a Container)>,
+    sidecars: impl Iterator<Item = (T, &'a Container)> + Clone,
 ) -> Option<(T, PortClash)> {
-    let mut theirs: Vec<(i32, String, &str)> = Vec::new();
-    let mut read = false;
+    // The pod's own ports, read once and only if some sidecar declares one that the text of
+    // a container's ports holds at all (most pods' ports are nowhere near a sidecar's: their
+    // ports are then not read).
+    use std::fmt::Write as _;
+    let mut numbers: arrayvec::ArrayVec<arrayvec::ArrayString<11>, 16> = arrayvec::ArrayVec::new();
+    let mut every = false;
+    for p in sidecars.clone().flat_map(|(_, s)| s.ports.iter().flatten()) {
+        let mut n = arrayvec::ArrayString::new();
+        // An i32 fits in 11 characters.
+        let _ = write!(n, "{}", p.container_port);
+        every |= numbers.try_push(n).is_err();
+    }
+    let mut theirs: Vec<(i32, std::borrow::Cow<'static, str>, &str)> = Vec::new();
+    let mut read = numbers.is_empty();
     for (from, s) in sidecars {
         for p in s.ports.iter().flatten() {
             if !read {
@@ -444,12 +438,19 @@ pub fn port_clash<'a, T>(
                         continue;
                     }
                     let Some(ports) = c.ports else { continue };
-                    let ports: Vec<PortView<'_>> =
-                        serde_json::from_str(ports.get()).unwrap_or_default();
-                    for q in ports {
-                        let protocol = q.protocol.as_deref().unwrap_or("TCP").to_owned();
-                        theirs.push((q.container_port, protocol, c.name.as_str()));
+                    if !every && !numbers.iter().any(|n| ports.get().contains(n.as_str())) {
+                        continue;
                     }
+                    // The view read the member: it is JSON.
+                    let _ = crate::engine::view::each_port(ports.get(), |port, protocol| {
+                        let protocol = match protocol {
+                            "TCP" => "TCP".into(),
+                            "UDP" => "UDP".into(),
+                            "SCTP" => "SCTP".into(),
+                            other => other.to_owned().into(),
+                        };
+                        theirs.push((port, protocol, c.name.as_str()));
+                    });
                 }
             }
             let protocol = p.protocol.as_deref().unwrap_or("TCP");
@@ -485,7 +486,7 @@ pub fn grown_budget(
     inits: &[&Container],
     containers: &[&Container],
 ) -> Vec<(&'static str, &'static str, String)> {
-    let Some(r) = budget.and_then(|j| serde_json::from_str::<Resources<'_>>(j).ok()) else {
+    let Some(Ok(lists)) = budget.map(crate::engine::view::resource_amounts) else {
         return Vec::new();
     };
     let float = |q: &str| {
@@ -494,10 +495,9 @@ pub fn grown_budget(
             .and_then(|q| q.to_bytes_f64())
     };
     let mut out = Vec::new();
-    for (list, amounts) in [("requests", &r.requests), ("limits", &r.limits)] {
-        let Some(amounts) = amounts else { continue };
-        for res in QOS_RESOURCES {
-            let Some(start) = amounts.get(res).and_then(float) else {
+    for (list, amounts) in ["requests", "limits"].into_iter().zip(&lists) {
+        for (res, given) in QOS_RESOURCES.into_iter().zip(amounts) {
+            let Some(start) = given.as_deref().and_then(float) else {
                 continue;
             };
             let amount = |c: &Container| {
@@ -561,3 +561,28 @@ pub const BINARY_SUFFIXES: [(&str, i64); 4] = [
     ("Mi", 1 << 20),
     ("Ki", 1 << 10),
 ];
+
+#[cfg(test)]
+mod quantity_tests {
+    use super::same_quantity;
+
+    /// The plain forms compared as numbers agree with the parser on every pair, equal or not.
+    #[test]
+    fn quantities_compare_as_kubernetes_compares_them() {
+        let equal = [
+            ("1", "1000m"),
+            ("1Gi", "1024Mi"),
+            ("0.5", "500m"),
+            ("1k", "1000"),
+            ("64Mi", "67108864"),
+            ("2", "2"),
+        ];
+        let unequal = [("250m", "1"), ("1G", "1Gi"), ("64Mi", "64M"), ("0.5", "5")];
+        for (a, b) in equal {
+            assert!(same_quantity(a, b) && same_quantity(b, a), "{a} = {b}");
+        }
+        for (a, b) in unequal {
+            assert!(!same_quantity(a, b) && !same_quantity(b, a), "{a} != {b}");
+        }
+    }
+}

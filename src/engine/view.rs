@@ -579,6 +579,74 @@ macro_rules! members {
     }};
 }
 
+/// The cpu and memory of a `resources` member's `requests` and `limits` (`[requests,
+/// limits]`, each `[cpu, memory]`), as written; other resources stepped over. Read on demand
+/// (a pod's QoS class), with the view's reader: a review reads none unless it needs them.
+pub fn resource_amounts(json: &str) -> R<[[Option<Cow<'_, str>>; 2]; 2]> {
+    fn amounts<'a>(r: &mut Reader<'a>) -> R<[Option<Cow<'a, str>>; 2]> {
+        let mut a: [Option<Cow<'a, str>>; 2] = Default::default();
+        optional(r, |r| {
+            r.object(|r, key| match &*key {
+                "cpu" => {
+                    a[0] = Some(r.string()?);
+                    Ok(())
+                }
+                "memory" => {
+                    a[1] = Some(r.string()?);
+                    Ok(())
+                }
+                _ => r.skip(),
+            })
+        })?;
+        Ok(a)
+    }
+    let mut r = Reader::new(json);
+    let mut out: [[Option<Cow<'_, str>>; 2]; 2] = Default::default();
+    optional(&mut r, |r| {
+        r.object(|r, key| match &*key {
+            "requests" => {
+                out[0] = amounts(r)?;
+                Ok(())
+            }
+            "limits" => {
+                out[1] = amounts(r)?;
+                Ok(())
+            }
+            _ => r.skip(),
+        })
+    })?;
+    r.end()?;
+    Ok(out)
+}
+
+/// Each `(containerPort, protocol)` of a container's `ports` member (the protocol as
+/// written, `TCP` when absent), in order; other fields stepped over.
+pub fn each_port(json: &str, mut port: impl FnMut(i32, &str)) -> R<()> {
+    let mut r = Reader::new(json);
+    optional(&mut r, |r| {
+        r.array(|r| {
+            let (mut number, mut protocol) = (None, None);
+            r.object(|r, key| match &*key {
+                "containerPort" => {
+                    let raw = r.raw()?;
+                    number = raw.get().parse::<i32>().ok();
+                    Ok(())
+                }
+                "protocol" => {
+                    protocol = optional(r, Reader::string)?;
+                    Ok(())
+                }
+                _ => r.skip(),
+            })?;
+            if let Some(number) = number {
+                port(number, protocol.as_deref().unwrap_or("TCP"));
+            }
+            Ok(())
+        })
+    })?;
+    r.end()
+}
+
 fn review<'a>(r: &mut Reader<'a>) -> R<ReviewView<'a>> {
     let (mut api_version, mut kind, mut request) = (None, None, None);
     members!(r, {
