@@ -473,14 +473,13 @@ pub fn port_clash<'a, T>(
     None
 }
 
-/// A pod-level budget (`spec.resources`, as JSON) grown by what the `added` sidecars (init
-/// containers, then containers, in their order) request and are limited to, for each cpu and
-/// memory amount the budget sets, so that the pod's own containers keep the share they had
-/// (the API server refuses a pod whose containers ask for more than its budget). A sidecar
-/// with a limit and no request is counted at its limit for requests, as the API server
-/// defaults it. Each amount is `(list, resource, new value)`, summed and written as the
-/// mutating policy's CEL does (as floats, in that order; cpu in millicores, `2600m`, memory in
-/// bytes, rounded half up).
+/// A pod-level budget (`spec.resources`, as JSON) grown by what the sidecars added (`inits`,
+/// `containers`) request and are limited to, for each cpu and memory amount the budget sets,
+/// so that the pod's own containers keep the share they had (the API server refuses a pod
+/// whose containers ask for more than its budget). A sidecar with a limit and no request is
+/// counted at its limit for requests, as the API server defaults it. Each amount is `(list,
+/// resource, new value)`, summed as the mutating policy's CEL sums it (as floats: the order
+/// changes nothing once rounded to a millicore or a byte) and written by [`budget_amount`].
 pub fn grown_budget(
     budget: Option<&str>,
     inits: &[&Container],

@@ -480,6 +480,14 @@ impl<'a> PodView<'a> {
     pub fn init_containers(&self) -> &[ContainerView<'a>] {
         self.spec.as_ref().map_or(&[], |s| s.init_containers())
     }
+
+    /// Whether a container or an init container has this name.
+    pub fn has_container(&self, name: &str) -> bool {
+        self.containers()
+            .iter()
+            .chain(self.init_containers())
+            .any(|c| c.name.as_str() == name)
+    }
 }
 
 // === Reading ===

@@ -70,14 +70,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     let windows = cfg.skip.windows && facts.is_windows()?;
     let owned = &inj.templates.owned().sidecars;
     let guaranteed = fit::guaranteed(facts.pod, owned);
-    let runs = |name: &str| {
-        facts
-            .pod
-            .containers()
-            .iter()
-            .chain(facts.pod.init_containers())
-            .any(|c| c.name.as_str() == name)
-    };
+    let runs = |name: &str| facts.pod.has_container(name);
     let mut conflict = None;
     let mut render =
         |only: Option<&Seen>| -> Result<(Vec<Rendered>, Vec<String>, Shown<'_>), InjectError> {
@@ -204,14 +197,6 @@ fn kept_containers(
         Some(p) => (&p.templates, &p.kept),
         None => (&[], &[]),
     };
-    let existing = |name: &str| {
-        facts
-            .pod
-            .containers()
-            .iter()
-            .chain(facts.pod.init_containers())
-            .any(|c| c.name.as_str() == name)
-    };
     let mut kept = Vec::new();
     for t in templates {
         let injected_before = before.contains(&t.name);
@@ -219,7 +204,7 @@ fn kept_containers(
             let keep = if injected_before {
                 kept_before.iter().any(|k| k == name)
             } else {
-                existing(name)
+                facts.pod.has_container(name)
             };
             if keep {
                 if !injected_before {
