@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::{Container, SecurityContext};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::engine::template::Fragment;
+use crate::engine::template::{Fragment, Guaranteed};
 use crate::engine::view::PodView;
 
 /// The note for a pod that runs to completion (`why`: its `restartPolicy`, or the Job it belongs
@@ -284,14 +284,130 @@ fn plain_quantity(q: &str) -> Option<u128> {
 /// Guaranteed kind: a cpu and a memory limit, and requests, where given, equal to them (the
 /// API server sets a missing request to its limit).
 fn guaranteed_resources(json: Option<&str>) -> bool {
-    let Some(Ok([requests, limits])) = json.map(crate::engine::view::resource_amounts) else {
+    let Some(json) = json else { return false };
+    let judge = |[requests, limits]: [[Option<&str>; 2]; 2]| {
+        (0..QOS_RESOURCES.len()).all(|i| match (limits[i], requests[i]) {
+            (Some(limit), Some(request)) => same_quantity(limit, request),
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+    };
+    if let Some(amounts) = plain_amounts(json) {
+        return judge(amounts);
+    }
+    let Ok(lists) = crate::engine::view::resource_amounts(json) else {
         return false;
     };
-    (0..QOS_RESOURCES.len()).all(|i| match (&limits[i], &requests[i]) {
-        (Some(limit), Some(request)) => same_quantity(limit, request),
-        (Some(_), None) => true,
-        (None, _) => false,
-    })
+    judge(
+        lists
+            .each_ref()
+            .map(|list| list.each_ref().map(|a| a.as_deref())),
+    )
+}
+
+/// [`crate::engine::view::resource_amounts`] of the form the API server writes, read in one
+/// step over the bytes: an object of `requests` and `limits` (any order), each an object of
+/// strings without escapes, no whitespace. `None` for any other form (it is read then).
+fn plain_amounts(json: &str) -> Option<[[Option<&str>; 2]; 2]> {
+    let b = json.as_bytes();
+    let mut at = 0;
+    // A string without escapes at `at` (its opening quote), and the index after it.
+    let string = |at: usize| -> Option<(&str, usize)> {
+        if b.get(at) != Some(&b'"') {
+            return None;
+        }
+        let len = b[at + 1..].iter().position(|&c| c == b'"' || c == b'\\')?;
+        let end = at + 1 + len;
+        (b[end] == b'"').then(|| (&json[at + 1..end], end + 1))
+    };
+    let mut out: [[Option<&str>; 2]; 2] = Default::default();
+    if b.first() != Some(&b'{') {
+        return None;
+    }
+    at += 1;
+    if b.get(at) == Some(&b'}') {
+        return (at + 1 == b.len()).then_some(out);
+    }
+    loop {
+        let (list, next) = string(at)?;
+        let slot = match list {
+            "requests" => 0,
+            "limits" => 1,
+            _ => return None,
+        };
+        if b.get(next) != Some(&b':') || b.get(next + 1) != Some(&b'{') {
+            return None;
+        }
+        at = next + 2;
+        if b.get(at) == Some(&b'}') {
+            at += 1;
+        } else {
+            loop {
+                let (resource, next) = string(at)?;
+                if b.get(next) != Some(&b':') {
+                    return None;
+                }
+                let (amount, next) = string(next + 1)?;
+                match resource {
+                    "cpu" => out[slot][0] = Some(amount),
+                    "memory" => out[slot][1] = Some(amount),
+                    _ => {}
+                }
+                match b.get(next) {
+                    Some(b',') => at = next + 1,
+                    Some(b'}') => {
+                        at = next + 1;
+                        break;
+                    }
+                    _ => return None,
+                }
+            }
+        }
+        match b.get(at) {
+            Some(b',') => at += 1,
+            Some(b'}') => return (at + 1 == b.len()).then_some(out),
+            _ => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod amounts {
+    use super::*;
+
+    #[test]
+    fn the_api_servers_form_is_read_as_the_reader_reads_it() {
+        for json in [
+            r#"{"limits":{"cpu":"1","memory":"512Mi"},"requests":{"cpu":"250m","memory":"256Mi"}}"#,
+            r#"{"requests":{"memory":"64Mi","cpu":"50m"},"limits":{"memory":"160Mi"}}"#,
+            r#"{"limits":{"nvidia.com/gpu":"1","cpu":"2"},"requests":{}}"#,
+            r#"{}"#,
+        ] {
+            let read = crate::engine::view::resource_amounts(json).expect("JSON");
+            let read = read.each_ref().map(|l| l.each_ref().map(|a| a.as_deref()));
+            assert_eq!(plain_amounts(json), Some(read), "{json}");
+        }
+        // Any other form is left to the reader.
+        for json in [
+            r#"{"limits": {"cpu":"1"}}"#,
+            r#"{"limits":{"cpu":"1\u0030"}}"#,
+            r#"{"claims":[{"name":"gpu"}],"limits":{"cpu":"1"}}"#,
+            r#"{"limits":{"cpu":1}}"#,
+            r#"{"limits":{"cpu":"1"}}x"#,
+            r#"{"limits":{"cpu":"1"}"#,
+        ] {
+            assert_eq!(plain_amounts(json), None, "{json}");
+        }
+        assert!(guaranteed_resources(Some(
+            r#"{"limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"1000m","memory":"1Gi"}}"#
+        )));
+        assert!(guaranteed_resources(Some(
+            r#"{"limits": {"cpu": "1", "memory": "1Gi"}}"#
+        )));
+        assert!(!guaranteed_resources(Some(
+            r#"{"limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"500m"}}"#
+        )));
+    }
 }
 
 /// Whether pod-level `resources` (the pod's budget) are set: then they, not the containers,
@@ -310,16 +426,18 @@ pub fn guaranteed(pod: &PodView<'_>, owned: &BTreeSet<String>) -> bool {
     if pod_level(budget) {
         return guaranteed_resources(budget);
     }
-    let own = || {
-        pod.containers()
-            .iter()
-            .chain(pod.init_containers())
-            .filter(|c| !owned.contains(c.name.as_str()))
-    };
-    // Cheap first: a container without `resources` settles it without parsing any.
-    own().next().is_some()
-        && own().all(|c| c.resources.is_some())
-        && own().all(|c| guaranteed_resources(c.resources.map(|r| r.get())))
+    // One pass, stopping at the first container that settles it (most pods' first).
+    let mut any = false;
+    for c in pod.containers().iter().chain(pod.init_containers()) {
+        if owned.contains(c.name.as_str()) {
+            continue;
+        }
+        if !guaranteed_resources(c.resources.map(|r| r.get())) {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 /// A sidecar, as JSON, for a `Guaranteed` pod: its cpu and memory limits are its requests (a
@@ -366,8 +484,9 @@ pub fn guaranteed_sidecar(container: &mut serde_json::Value) -> Vec<&'static str
 }
 
 /// The rendering for a `Guaranteed` pod ([`guaranteed_sidecar`] for each sidecar), with the
-/// sidecars that cannot be made so, and the resource.
-pub fn for_guaranteed(fragment: &Fragment) -> (Fragment, Vec<(String, &'static str)>) {
+/// sidecars that cannot be made so, and the resource. Made once per rendering
+/// ([`guaranteed_variant`] keeps it).
+pub fn for_guaranteed(fragment: &Fragment) -> Guaranteed {
     let mut out = fragment.clone();
     let mut unbounded = Vec::new();
     for c in out
@@ -386,7 +505,15 @@ pub fn for_guaranteed(fragment: &Fragment) -> (Fragment, Vec<(String, &'static s
             *c = fitted;
         }
     }
-    (out.seal(), unbounded)
+    Guaranteed {
+        fragment: std::sync::Arc::new(out.seal()),
+        unbounded,
+    }
+}
+
+/// [`for_guaranteed`] of a rendering, made the first time a pod needs it and kept with it.
+pub fn guaranteed_variant(fragment: &Fragment) -> &Guaranteed {
+    fragment.guaranteed.get_or_init(|| for_guaranteed(fragment))
 }
 
 /// The note of a Guaranteed pod given a sidecar with neither a request nor a limit for
@@ -407,66 +534,78 @@ pub struct PortClash {
     pub container: String,
 }
 
-/// The first port a sidecar of `sidecars` (each with what it came from; not kept) declares
-/// that a container of the pod, other than a template's sidecar, declares too (same number and
-/// protocol): the first such container, of its containers then its init containers.
-pub fn port_clash<'a, T>(
+/// The first port a sidecar of `renderings` (each with what it came from) declares that a
+/// container of the pod, other than a template's sidecar, declares too (same number and
+/// protocol): the native sidecars first, then the regular ones, each in rendering order (the
+/// order they have in the injected pod, where the backstop looks for the same clash), and
+/// the first such container, of its containers then its init containers. A sidecar `kept`
+/// (the pod's own, of the same name) is not added, so not checked.
+pub fn port_clash<'a, T: Copy>(
     pod: &PodView<'_>,
     owned: &BTreeSet<String>,
-    sidecars: impl Iterator<Item = (T, &'a Container)> + Clone,
+    renderings: impl Iterator<Item = (T, &'a Fragment)> + Clone,
+    kept: impl Fn(&str) -> bool,
 ) -> Option<(T, PortClash)> {
-    // The pod's own ports, read once and only if some sidecar declares one that the text of
-    // a container's ports holds at all (most pods' ports are nowhere near a sidecar's: their
-    // ports are then not read).
-    use std::fmt::Write as _;
-    let mut numbers: arrayvec::ArrayVec<arrayvec::ArrayString<11>, 16> = arrayvec::ArrayVec::new();
-    let mut every = false;
-    for p in sidecars.clone().flat_map(|(_, s)| s.ports.iter().flatten()) {
-        let mut n = arrayvec::ArrayString::new();
-        // An i32 fits in 11 characters.
-        let _ = write!(n, "{}", p.container_port);
-        every |= numbers.try_push(n).is_err();
+    if renderings.clone().all(|(_, f)| f.ports.is_empty()) {
+        return None;
     }
+    // The pod's own ports, read only where the text of a container's ports holds a sidecar's
+    // port number at all (most pods' ports are nowhere near a sidecar's: then none is read).
     let mut theirs: Vec<(i32, std::borrow::Cow<'static, str>, &str)> = Vec::new();
-    let mut read = numbers.is_empty();
-    for (from, s) in sidecars {
-        for p in s.ports.iter().flatten() {
-            if !read {
-                read = true;
-                for c in pod.containers().iter().chain(pod.init_containers()) {
-                    if owned.contains(c.name.as_str()) {
-                        continue;
-                    }
-                    let Some(ports) = c.ports else { continue };
-                    if !every && !numbers.iter().any(|n| ports.get().contains(n.as_str())) {
-                        continue;
-                    }
-                    // The view read the member: it is JSON.
-                    let _ = crate::engine::view::each_port(ports.get(), |port, protocol| {
-                        let protocol = match protocol {
-                            "TCP" => "TCP".into(),
-                            "UDP" => "UDP".into(),
-                            "SCTP" => "SCTP".into(),
-                            other => other.to_owned().into(),
-                        };
-                        theirs.push((port, protocol, c.name.as_str()));
-                    });
+    for c in pod.containers().iter().chain(pod.init_containers()) {
+        if owned.contains(c.name.as_str()) {
+            continue;
+        }
+        let Some(ports) = c.ports else { continue };
+        let text = ports.get();
+        let near = renderings
+            .clone()
+            .any(|(_, f)| f.ports.iter().any(|p| text.contains(p.digits.as_str())));
+        if !near {
+            continue;
+        }
+        // The view read the member: it is JSON.
+        let _ = crate::engine::view::each_port(text, |port, protocol| {
+            let protocol = match protocol {
+                "TCP" => "TCP".into(),
+                "UDP" => "UDP".into(),
+                "SCTP" => "SCTP".into(),
+                other => other.to_owned().into(),
+            };
+            theirs.push((port, protocol, c.name.as_str()));
+        });
+    }
+    if theirs.is_empty() {
+        return None;
+    }
+    for init in [true, false] {
+        for (from, f) in renderings.clone() {
+            for p in f.ports.iter().filter(|p| p.init == init) {
+                let list = if init {
+                    &f.init_containers
+                } else {
+                    &f.containers
+                };
+                let Some(sidecar) = list.get(p.index) else {
+                    continue;
+                };
+                if kept(&sidecar.name) {
+                    continue;
                 }
-            }
-            let protocol = p.protocol.as_deref().unwrap_or("TCP");
-            if let Some((_, _, container)) = theirs
-                .iter()
-                .find(|(port, proto, _)| *port == p.container_port && proto == protocol)
-            {
-                return Some((
-                    from,
-                    PortClash {
-                        sidecar: s.name.clone(),
-                        port: p.container_port,
-                        protocol: protocol.to_owned(),
-                        container: (*container).to_owned(),
-                    },
-                ));
+                if let Some((_, _, container)) = theirs
+                    .iter()
+                    .find(|(port, proto, _)| *port == p.number && *proto == p.protocol)
+                {
+                    return Some((
+                        from,
+                        PortClash {
+                            sidecar: sidecar.name.clone(),
+                            port: p.number,
+                            protocol: p.protocol.clone(),
+                            container: (*container).to_owned(),
+                        },
+                    ));
+                }
             }
         }
     }

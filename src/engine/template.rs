@@ -56,6 +56,85 @@ pub struct Fragment {
     /// these bytes.
     #[serde(skip)]
     pub json: Encoded,
+    /// The ports its sidecars declare, read once when it is rendered (the port check of
+    /// every review reads these).
+    #[serde(skip)]
+    pub ports: Vec<SidecarPort>,
+    /// Its variant for a `Guaranteed` pod, made the first time such a pod needs it.
+    #[serde(skip)]
+    pub guaranteed: Memo<Guaranteed>,
+}
+
+/// A port a sidecar of a rendering declares, read once when the rendering is sealed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SidecarPort {
+    /// Whether the sidecar is one of the rendering's init containers (else a container).
+    pub init: bool,
+    /// The sidecar's index among those.
+    pub index: usize,
+    pub number: i32,
+    /// As declared, `TCP` when absent.
+    pub protocol: String,
+    /// The number as JSON writes it: the text a pod's ports are searched for first.
+    pub digits: String,
+}
+
+/// The ports of a rendering's sidecars, init containers first.
+pub fn sidecar_ports(init_containers: &[Container], containers: &[Container]) -> Vec<SidecarPort> {
+    let each = |init: bool, list: &[Container]| {
+        list.iter()
+            .enumerate()
+            .flat_map(move |(index, c)| {
+                c.ports.iter().flatten().map(move |p| SidecarPort {
+                    init,
+                    index,
+                    number: p.container_port,
+                    protocol: p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
+                    digits: p.container_port.to_string(),
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut out = each(true, init_containers);
+    out.extend(each(false, containers));
+    out
+}
+
+/// A rendering made for a `Guaranteed` pod (`fit::for_guaranteed`).
+#[derive(Debug)]
+pub struct Guaranteed {
+    pub fragment: Arc<Fragment>,
+    /// `(sidecar, resource)` for each resource a sidecar sets no amount for.
+    pub unbounded: Vec<(String, &'static str)>,
+}
+
+/// A value derived from a [`Fragment`] the first time a review needs it, and kept with it: a
+/// cache, so two fragments are equal whatever theirs hold, and a copy starts empty.
+#[derive(Debug)]
+pub struct Memo<T>(OnceLock<T>);
+
+impl<T> Memo<T> {
+    pub fn get_or_init(&self, make: impl FnOnce() -> T) -> &T {
+        self.0.get_or_init(make)
+    }
+}
+
+impl<T> Default for Memo<T> {
+    fn default() -> Self {
+        Self(OnceLock::new())
+    }
+}
+
+impl<T> Clone for Memo<T> {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl<T> PartialEq for Memo<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// The JSON of each item of a [`Fragment`], index for index.
@@ -141,6 +220,8 @@ impl Fragment {
             env: encode_each(&self.env),
             image_pull_secrets: encode_each(&self.image_pull_secrets),
         };
+        self.ports = sidecar_ports(&self.init_containers, &self.containers);
+        self.guaranteed = Default::default();
         self
     }
 

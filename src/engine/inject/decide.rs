@@ -94,11 +94,11 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
                     continue;
                 }
                 let fragment = if guaranteed {
-                    let (fitted, unbounded) = fit::for_guaranteed(&fragment);
-                    for (container, resource) in unbounded {
-                        notes.push(fit::loses_guaranteed(name, &container, resource));
+                    let fitted = fit::guaranteed_variant(&fragment);
+                    for (container, resource) in &fitted.unbounded {
+                        notes.push(fit::loses_guaranteed(name, container, resource));
                     }
-                    Arc::new(fitted)
+                    Arc::clone(&fitted.fragment)
                 } else {
                     fragment
                 };
@@ -141,18 +141,10 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     }
     let hash = fragment_hash(inj, &templates);
     let kept = kept_containers(facts, previous.as_ref(), &templates, &hash, &mut notes);
-    // The native sidecars first, then the regular ones, each in template order: the order
-    // they have in the injected pod, where the backstop looks for the same clash.
-    let sidecars = templates
-        .iter()
-        .flat_map(|t| t.fragment.init_containers.iter().map(move |c| (t, c)))
-        .chain(
-            templates
-                .iter()
-                .flat_map(|t| t.fragment.containers.iter().map(move |c| (t, c))),
-        )
-        .filter(|(_, c)| !kept.contains(&c.name));
-    if let Some((t, clash)) = fit::port_clash(facts.pod, owned, sidecars) {
+    let renderings = templates.iter().map(|t| (t, &*t.fragment));
+    if let Some((t, clash)) = fit::port_clash(facts.pod, owned, renderings, |name| {
+        kept.iter().any(|k| k == name)
+    }) {
         return Err(InjectError::PortClash {
             template: t.name.clone(),
             clash: Box::new(clash),
