@@ -7,10 +7,17 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 use sidecar_injector::config::Injector;
-use sidecar_injector::manifest::split_documents;
 use sidecar_injector::review::{Webhook, answer};
 
 const OWN_NAMESPACE: &str = "sidecar-injector";
+
+/// The text of each document of a YAML stream (after its `---`).
+fn documents(text: &str) -> Vec<&str> {
+    sidecar_injector::manifest::split_documents(text)
+        .into_iter()
+        .map(|d| d.text)
+        .collect()
+}
 
 fn input(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -102,6 +109,24 @@ fn fails_saying(out: &Output, mentions: &[&str]) {
     }
 }
 
+/// Exit non-zero and an `error:` line on stderr for each document that `mentions` name, while
+/// `inject` still wrote every document (`written`: exactly these bytes, when given).
+fn fails_per_document(out: &Output, mentions: &[&str], written: Option<&str>) {
+    let err = stderr(out);
+    assert!(!out.status.success(), "exit 0; stdout: {}", stdout(out));
+    assert!(
+        err.lines().any(|l| l.starts_with("error: document ")),
+        "{err}"
+    );
+    for m in mentions {
+        assert!(err.contains(m), "{m:?} not in: {err}");
+    }
+    assert!(!out.stdout.is_empty(), "nothing written; stderr: {err}");
+    if let Some(written) = written {
+        assert_eq!(stdout(out), written);
+    }
+}
+
 fn injector() -> Injector {
     Injector::embedded(Some(OWN_NAMESPACE.into())).expect("embedded configuration loads")
 }
@@ -157,8 +182,8 @@ fn inject_every_workload_kind_and_pass_the_rest_through() {
         format!("note: {}\n", library.left_alone.join("\nnote: "))
     );
 
-    let before = split_documents(&text);
-    let after = split_documents(&injected);
+    let before = documents(&text);
+    let after = documents(&injected);
     assert_eq!(before.len(), after.len(), "{injected}");
     for (i, (old, new)) in before.iter().zip(&after).enumerate() {
         let doc = yaml(new);
@@ -301,8 +326,10 @@ fn inject_reads_what_kubectl_get_prints() {
         }
         outputs.push(injected);
     }
-    // The JSON List is read as YAML, and what is injected is written as YAML.
-    assert_eq!(outputs[0], outputs[1]);
+    // The JSON List is read as YAML, and what is injected is written as JSON again: the same
+    // objects.
+    assert!(outputs[1].starts_with('{'), "{}", outputs[1]);
+    assert_eq!(yaml(&outputs[0]), yaml(&outputs[1]));
 }
 
 /// Kinds the injector does not know, with a pod template at `spec.template`, are injected;
@@ -516,7 +543,7 @@ fn explain_and_inject_know_namespace_opt_in() {
         &["inject", "-f", "-"],
         with_doc.as_bytes(),
     )));
-    let docs: Vec<Value> = split_documents(&out).into_iter().map(yaml).collect();
+    let docs: Vec<Value> = documents(&out).into_iter().map(yaml).collect();
     assert_eq!(names(&docs[1], "initContainers"), ["log-shipper", "proxy"]);
     assert!(docs[2]["spec"].get("initContainers").is_none(), "{out}");
 
@@ -585,10 +612,16 @@ fn review_answers_for_a_path() {
 #[test]
 fn invalid_yaml_is_refused() {
     let bad = "apiVersion: v1\nkind: ConfigMap\n---\nkind: Pod\nmetadata: {name: [unclosed\n";
-    for command in ["inject", "explain"] {
-        let out = run_with_stdin(&[command, "-f", "-"], bad.as_bytes());
-        fails_saying(&out, &["document 2: invalid YAML"]);
-    }
+    // Every document is still written (or explained), the one that cannot be read as it came.
+    let out = run_with_stdin(&["inject", "-f", "-"], bad.as_bytes());
+    fails_per_document(&out, &["document 2: invalid YAML"], Some(bad));
+    let out = run_with_stdin(&["explain", "-f", "-"], bad.as_bytes());
+    fails_per_document(&out, &["document 2: invalid YAML"], None);
+    assert!(
+        stdout(&out).contains("document 2: invalid YAML"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
@@ -605,15 +638,24 @@ fn a_missing_file_is_refused() {
 #[test]
 fn an_unknown_template_is_refused_by_inject() {
     let path = input("manifests/reasons.yaml");
-    fails_saying(
-        &run(&["inject", "-f", path.to_str().expect("UTF-8 path")]),
+    let out = run(&["inject", "-f", path.to_str().expect("UTF-8 path")]);
+    fails_per_document(
+        &out,
         &[
             "Pod/typo",
             "\"tracing\"",
             "does not exist",
             "known templates: log-shipper, proxy",
         ],
+        None,
     );
+    // The document is written back as it came; the others as they would be alone.
+    let text = read(&path);
+    let typo = documents(&text)
+        .into_iter()
+        .find(|d| d.contains("name: typo"))
+        .expect("the typo document");
+    assert!(stdout(&out).contains(typo), "{}", stdout(&out));
 }
 
 #[test]
@@ -762,7 +804,7 @@ fn offline_injected_pods_pass_the_webhooks() {
         &[WORKLOADS_LEFT_ALONE],
     ));
     let mut checked = 0;
-    for doc in split_documents(&injected).into_iter().map(yaml) {
+    for doc in documents(&injected).into_iter().map(yaml) {
         let namespace = doc["metadata"]["namespace"].as_str().unwrap_or("default");
         let kind = doc["kind"].as_str().unwrap_or("");
         if matches!(kind, "Service" | "ConfigMap") || namespace == "kube-system" {
@@ -786,8 +828,8 @@ fn a_manifest_without_namespace_injected_offline_is_admitted_where_it_is_applied
     let manifest = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\nspec:\n  selector:\n    matchLabels: {app: web}\n  template:\n    metadata:\n      labels: {app: web, sidecar-injector.io/inject: \"true\"}\n    spec:\n      containers:\n        - name: web\n          image: nginx:1.27\n";
     let out = run_with_stdin(&["inject", "-f", "-"], manifest.as_bytes());
     if !out.status.success() {
-        // Refusing to guess the namespace is an answer too.
-        fails_saying(&out, &["namespace"]);
+        // Refusing to guess the namespace is an answer too: the document is left as it was.
+        fails_per_document(&out, &["namespace"], Some(manifest));
         return;
     }
     let doc = yaml(&stdout(&out));
@@ -850,7 +892,7 @@ fn policy_config() -> String {
 }
 
 fn yaml_documents(text: &str) -> Vec<Value> {
-    split_documents(text)
+    documents(text)
         .into_iter()
         .map(|d| serde_saphyr::from_str::<Value>(d).expect("a YAML document"))
         .collect()
@@ -1142,7 +1184,7 @@ spec:
 "#;
     let out = run_with_stdin(&["inject", "-f", "-"], jobs.as_bytes());
     let bundled = stdout(succeeds(&out));
-    for doc in split_documents(&bundled).into_iter().map(yaml) {
+    for doc in documents(&bundled).into_iter().map(yaml) {
         let template = if doc["kind"] == "Pod" {
             &doc
         } else {

@@ -21,7 +21,7 @@ use crate::engine::review::Webhook;
 use crate::engine::{explain, manifest, review};
 use crate::export;
 use crate::load::{ConfigArg, SelectionArgs};
-use stdio::{read_input, read_text, write_notes, write_stdout, write_warnings};
+use stdio::{read_input, read_text, write_errors, write_notes, write_stdout, write_warnings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -120,12 +120,29 @@ pub enum Command {
     Check(check::CheckArgs),
 }
 
+/// The documents `inject` or `explain` could not read or inject, each on standard error, and
+/// an error (exit status 1) when there is one; the others were written all the same.
+fn left_as_they_came(
+    errors: &[crate::engine::manifest::ManifestError],
+    what: &str,
+) -> anyhow::Result<()> {
+    if errors.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = errors.iter().map(|e| format!("{e} ({what})")).collect();
+    write_errors(&lines);
+    anyhow::bail!(
+        "{} document(s) could not be read or injected (named above); the others were written",
+        errors.len()
+    )
+}
+
 /// An injector from a ConfigMap manifest: the first document of kind ConfigMap.
 fn configmap_injector(file: &std::path::Path) -> anyhow::Result<crate::engine::config::Injector> {
     let text = read_text(file)?;
     let origin = file.display().to_string();
     for doc in manifest::split_documents(&text) {
-        let value: serde_json::Value = serde_saphyr::from_str(doc)
+        let value: serde_json::Value = manifest::read_document(doc.text)
             .with_context(|| format!("{origin}: a document is not YAML"))?;
         if value["kind"] != "ConfigMap" {
             continue;
@@ -267,12 +284,13 @@ impl Cli {
             Command::Serve(args) => args.run(),
             Command::Inject(args) => {
                 let inj = args.config.load()?;
-                let injected = manifest::inject_for(&inj, &read_text(&args.file)?, &args.target())?;
+                let injected = manifest::inject_each(&inj, &read_text(&args.file)?, &args.target());
+                // Every document, injected or as it came: nothing of the input is lost.
                 write_stdout(injected.yaml.as_bytes())?;
                 // After the output, so that it is whole before anyone reads why.
                 write_notes(&injected.left_alone);
                 write_warnings(&injected.warnings);
-                Ok(())
+                left_as_they_came(&injected.errors, "written back as it came")
             }
             Command::Review {
                 request,
@@ -300,9 +318,9 @@ impl Cli {
             Command::Export(args) => args.run(),
             Command::Explain(args) => {
                 let inj = args.config.load()?;
-                write_stdout(
-                    explain::explain_for(&inj, &read_text(&args.file)?, &args.target())?.as_bytes(),
-                )
+                let explained = explain::explain_for(&inj, &read_text(&args.file)?, &args.target());
+                write_stdout(explained.text.as_bytes())?;
+                left_as_they_came(&explained.errors, "not explained")
             }
         };
         done.map(|()| std::process::ExitCode::SUCCESS)

@@ -41,6 +41,11 @@ pub(crate) fn write_warnings(lines: &[String]) {
     write_prefixed("warning", lines);
 }
 
+/// One `error:` line on standard error for each of `lines`, as [`write_notes`].
+pub(crate) fn write_errors(lines: &[String]) {
+    write_prefixed("error", lines);
+}
+
 fn write_prefixed(prefix: &str, lines: &[String]) {
     let mut err = std::io::stderr().lock();
     for line in lines {

@@ -6,44 +6,59 @@ use std::fmt::Write as _;
 use crate::engine::config::Injector;
 use crate::engine::manifest::{DocOutcome, ManifestError, Object, Target, process_for};
 
-/// A human-readable report of what the injector does to each document.
+/// A human-readable report of what the injector does to each document; the first document
+/// that cannot be read is the error ([`explain_for`] reports it with the others).
 pub fn explain(
     inj: &Injector,
     text: &str,
     namespace: Option<&str>,
 ) -> Result<String, ManifestError> {
-    explain_for(
+    let mut explained = explain_for(
         inj,
         text,
         &Target {
             namespace,
             namespace_labels: None,
         },
-    )
+    );
+    match explained.errors.is_empty() {
+        true => Ok(explained.text),
+        false => Err(explained.errors.swap_remove(0)),
+    }
 }
 
-/// [`explain`] with namespace labels (see [`crate::engine::manifest::process_for`]).
-pub fn explain_for(
-    inj: &Injector,
-    text: &str,
-    target: &Target<'_>,
-) -> Result<String, ManifestError> {
-    let docs = process_for(inj, text, target)?;
-    let objects = || docs.iter().flat_map(|d| &d.objects);
+/// What `explain` writes, and the documents it could not read (each also named in `text`, in
+/// its place).
+#[derive(Debug)]
+pub struct Explained {
+    pub text: String,
+    pub errors: Vec<ManifestError>,
+}
+
+/// [`explain`] with namespace labels (see [`crate::engine::manifest::process_for`]), every
+/// document reported: one that cannot be read is named in its place.
+pub fn explain_for(inj: &Injector, text: &str, target: &Target<'_>) -> Explained {
+    let docs = process_for(inj, text, target);
     let mut out = String::new();
-    for object in objects() {
-        describe(inj, object, &mut out);
+    let mut errors = Vec::new();
+    let mut passed = 0;
+    for doc in docs {
+        for object in &doc.objects {
+            passed += usize::from(matches!(object.outcome, DocOutcome::Passthrough));
+            describe(inj, object, &mut out);
+        }
+        if let Some(error) = doc.error {
+            let _ = writeln!(out, "{error}");
+            errors.push(error);
+        }
     }
-    let passed = objects()
-        .filter(|o| matches!(o.outcome, DocOutcome::Passthrough))
-        .count();
     if passed > 0 {
         let _ = writeln!(
             out,
             "{passed} other document(s) are not pods or pod templates and pass through unchanged"
         );
     }
-    Ok(out)
+    Explained { text: out, errors }
 }
 
 fn describe(inj: &Injector, object: &Object, out: &mut String) {

@@ -152,7 +152,9 @@ impl Object {
 /// One document of the input and its result.
 #[derive(Debug)]
 pub struct Doc {
-    /// The document's text as it came in.
+    /// The `---` that opened it, as written (empty: none).
+    pub marker: String,
+    /// The document's text as it came in (after its marker).
     pub source: String,
     /// `Kind/name` of its one object, or `List`, for reports.
     pub id: String,
@@ -160,6 +162,9 @@ pub struct Doc {
     pub objects: Vec<Object>,
     /// The document with its pod templates injected, when something was added.
     pub output: Option<Value>,
+    /// Why it cannot be read, or an object of it cannot be injected: it is then written back
+    /// as it came, and the other documents are still read and injected.
+    pub error: Option<ManifestError>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -198,26 +203,74 @@ pub enum ManifestError {
     },
 }
 
-/// Splits a YAML stream at its `---` document markers, keeping each document's text exact.
-pub fn split_documents(text: &str) -> Vec<&str> {
+/// One document of a YAML stream, as written: the `---` marker that opens it (empty for a
+/// first document written without one) and the text after it, up to the next marker (the
+/// rest of the marker's line included). The pieces of a stream, joined, are the stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece<'a> {
+    pub marker: &'a str,
+    pub text: &'a str,
+}
+
+/// Splits a YAML stream at its `---` document markers, keeping every byte: the pieces joined
+/// are `text` exactly.
+pub fn split_documents(text: &str) -> Vec<Piece<'_>> {
     let mut docs = Vec::new();
-    let mut start = 0;
+    let (mut start, mut marker) = (0, "");
     let mut offset = 0;
     for line in text.split_inclusive('\n') {
         let body = line.trim_end_matches(['\n', '\r']);
         if body == "---" || body.starts_with("--- ") || body.starts_with("---\t") {
-            if offset > start {
-                docs.push(&text[start..offset]);
+            if offset > start || !marker.is_empty() {
+                docs.push(Piece {
+                    marker,
+                    text: &text[start..offset],
+                });
             }
+            marker = &text[offset..offset + 3];
             // Content after the marker on the same line belongs to the new document.
             start = offset + 3;
         }
         offset += line.len();
     }
-    if offset > start {
-        docs.push(&text[start..]);
+    if offset > start || !marker.is_empty() {
+        docs.push(Piece {
+            marker,
+            text: &text[start..],
+        });
     }
     docs
+}
+
+/// Reads one YAML document as Kubernetes tooling does (kubectl's sigs.k8s.io/yaml, YAML 1.1):
+/// integers written `0644` are octal, as are `0o644`, `0x1F` hexadecimal and `0b101` binary;
+/// a whole number written as a float (`1.0`, or `08`, which is no octal) is the integer
+/// (sigs.k8s.io/yaml writes it to JSON as `1`, which an integer field takes); `yes`, `no`,
+/// `on` and `off` are booleans. What kubectl reads otherwise: `1_000` is a string here, 1000
+/// there.
+pub fn read_document(text: &str) -> Result<Value, serde_saphyr::Error> {
+    let mut options = serde_saphyr::Options::default();
+    options.legacy_octal_numbers = true;
+    let mut value =
+        serde_saphyr::from_str_with_options::<Option<Value>>(text, options)?.unwrap_or(Value::Null);
+    whole_numbers(&mut value);
+    Ok(value)
+}
+
+/// Every float with no fraction (within the integers a float holds exactly) made an integer.
+fn whole_numbers(value: &mut Value) {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    match value {
+        Value::Number(n) if n.is_f64() => {
+            if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() <= EXACT) {
+                // Exact within 2^53: the cast loses nothing.
+                *value = Value::from(f as i64);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(whole_numbers),
+        Value::Object(fields) => fields.values_mut().for_each(whole_numbers),
+        _ => {}
+    }
 }
 
 /// Where the documents go: the namespace for documents that name none (as `kubectl apply
@@ -230,14 +283,12 @@ pub struct Target<'a> {
     pub namespace_labels: Option<BTreeMap<String, String>>,
 }
 
-/// Decides every document. A document that cannot be read stops here; a pod the injector
-/// cannot honour (an unknown template) is reported in its object's [`Object::outcome`].
-/// `namespace` is used for documents that name none (as `kubectl apply -n`).
-pub fn process(
-    inj: &Injector,
-    text: &str,
-    namespace: Option<&str>,
-) -> Result<Vec<Doc>, ManifestError> {
+/// Decides every document. A document that cannot be read, or whose pod template cannot be
+/// read or injected, has its [`Doc::error`] and no output; the others are decided as they
+/// would be alone. A pod the injector cannot honour (an unknown template) is reported in its
+/// object's [`Object::outcome`]. `namespace` is used for documents that name none (as
+/// `kubectl apply -n`).
+pub fn process(inj: &Injector, text: &str, namespace: Option<&str>) -> Vec<Doc> {
     process_for(
         inj,
         text,
@@ -251,24 +302,21 @@ pub fn process(
 /// [`process`], with namespace labels: from the input's Namespace documents (or List items),
 /// else from `target`. They decide namespace opt-in and revision as the chart's webhook
 /// entries would.
-pub fn process_for(
-    inj: &Injector,
-    text: &str,
-    target: &Target<'_>,
-) -> Result<Vec<Doc>, ManifestError> {
-    let docs = split_documents(text);
-    let mut values = Vec::with_capacity(docs.len());
-    for (i, source) in docs.iter().enumerate() {
-        let value = serde_saphyr::from_str::<Option<Value>>(source)
-            .map_err(|e| ManifestError::Yaml {
+pub fn process_for(inj: &Injector, text: &str, target: &Target<'_>) -> Vec<Doc> {
+    let pieces = split_documents(text);
+    let values: Vec<Result<Value, ManifestError>> = pieces
+        .iter()
+        .enumerate()
+        .map(|(i, piece)| {
+            read_document(piece.text).map_err(|e| ManifestError::Yaml {
                 index: i + 1,
                 message: e.to_string(),
-            })?
-            .unwrap_or(Value::Null);
-        values.push(value);
-    }
+            })
+        })
+        .collect();
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = values
         .iter()
+        .flatten()
         .flat_map(|v| match list_items(v) {
             Some(items) => items.iter().collect(),
             None => vec![v],
@@ -282,59 +330,104 @@ pub fn process_for(
             (str_at(v, "/metadata/name").to_owned(), labels)
         })
         .collect();
-    docs.into_iter()
+    pieces
+        .into_iter()
         .zip(values)
         .enumerate()
-        .map(|(i, (source, value))| {
-            let index = i + 1;
-            let (id, objects, output) = match list_items(&value) {
-                Some(items) => {
-                    let mut objects = Vec::with_capacity(items.len());
-                    let mut injected = Vec::new();
-                    for (position, item) in items.iter().enumerate() {
-                        let (object, output) = process_one(inj, index, item, target, &namespaces)?;
-                        objects.push(object);
-                        injected.extend(output.map(|o| (position, o)));
-                    }
-                    let output = (!injected.is_empty()).then(|| {
-                        let mut list = value.clone();
-                        if let Some(items) = list.get_mut("items").and_then(Value::as_array_mut) {
-                            for (position, item) in injected {
-                                if let Some(slot) = items.get_mut(position) {
-                                    *slot = item;
-                                }
-                            }
-                        }
-                        list
-                    });
-                    ("List".to_owned(), objects, output)
-                }
-                None => {
-                    let (object, output) = process_one(inj, index, &value, target, &namespaces)?;
-                    (object.id.clone(), vec![object], output)
-                }
+        .map(|(i, (piece, value))| {
+            let mut doc = Doc {
+                marker: piece.marker.to_owned(),
+                source: piece.text.to_owned(),
+                id: String::new(),
+                objects: Vec::new(),
+                output: None,
+                error: None,
             };
-            Ok(Doc {
-                source: source.to_owned(),
-                id,
-                objects,
-                output,
-            })
+            match value {
+                Ok(value) => decide_document(inj, i + 1, &value, target, &namespaces, &mut doc),
+                Err(error) => doc.error = Some(error),
+            }
+            doc
         })
         .collect()
+}
+
+/// Decides document `index` (`value`, read) into `doc`: its objects, its output, or its error.
+fn decide_document(
+    inj: &Injector,
+    index: usize,
+    value: &Value,
+    target: &Target<'_>,
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+    doc: &mut Doc,
+) {
+    let Some(items) = list_items(value) else {
+        match process_one(inj, index, value, target, namespaces) {
+            Ok((object, output)) => {
+                doc.id.clone_from(&object.id);
+                doc.objects.push(object);
+                doc.output = output;
+            }
+            Err(error) => {
+                doc.id = object_id(value);
+                doc.error = Some(error);
+            }
+        }
+        return;
+    };
+    doc.id = "List".to_owned();
+    let mut injected = Vec::new();
+    for (position, item) in items.iter().enumerate() {
+        match process_one(inj, index, item, target, namespaces) {
+            Ok((object, output)) => {
+                doc.objects.push(object);
+                injected.extend(output.map(|o| (position, o)));
+            }
+            // One item that cannot be injected leaves the whole List as it came: a List is
+            // one document, written back whole or not at all.
+            Err(error) => {
+                doc.error = Some(error);
+                return;
+            }
+        }
+    }
+    doc.output = (!injected.is_empty()).then(|| {
+        let mut list = value.clone();
+        if let Some(items) = list.get_mut("items").and_then(Value::as_array_mut) {
+            for (position, item) in injected {
+                if let Some(slot) = items.get_mut(position) {
+                    *slot = item;
+                }
+            }
+        }
+        list
+    });
+}
+
+/// `Kind/name` of an object (its `generateName` when it has no name), for reports.
+fn object_id(value: &Value) -> String {
+    let name = match str_at(value, "/metadata/name") {
+        "" => str_at(value, "/metadata/generateName"),
+        n => n,
+    };
+    format!("{}/{name}", str_at(value, "/kind"))
 }
 
 /// What `inject` writes: the YAML stream, and one line for each opted-in pod or pod template
 /// it leaves as it is, saying why (for standard error: nothing is left alone silently).
 #[derive(Debug)]
 pub struct Injected {
+    /// Every document: injected, or as it came.
     pub yaml: String,
     pub left_alone: Vec<String>,
     /// The admission warnings of the injected objects, each after its `Kind/name`.
     pub warnings: Vec<String>,
+    /// The documents written back as they came because they cannot be read or injected.
+    pub errors: Vec<ManifestError>,
 }
 
-/// `inject -f`: the injected YAML stream, or the first object that cannot be injected.
+/// `inject -f`: the injected YAML stream, or the first document that cannot be read or
+/// injected ([`inject_each`] writes the others all the same).
 pub fn inject(
     inj: &Injector,
     text: &str,
@@ -356,49 +449,129 @@ pub fn inject_for(
     text: &str,
     target: &Target<'_>,
 ) -> Result<Injected, ManifestError> {
-    let mut docs = process_for(inj, text, target)?;
+    let mut injected = inject_each(inj, text, target);
+    match injected.errors.is_empty() {
+        true => Ok(injected),
+        false => Err(injected.errors.swap_remove(0)),
+    }
+}
+
+/// Every document injected that can be; one that cannot be read or injected is written back
+/// as it came, with its error in [`Injected::errors`]. The stream keeps every byte of the
+/// documents left as they are (markers and comments included).
+pub fn inject_each(inj: &Injector, text: &str, target: &Target<'_>) -> Injected {
+    let mut docs = process_for(inj, text, target);
     for (index, doc) in docs.iter_mut().enumerate() {
+        if doc.error.is_some() {
+            continue;
+        }
         if let Some(object) = doc
             .objects
             .iter()
             .find(|o| o.namespace_guessed && matches!(o.outcome, DocOutcome::Injected { .. }))
         {
-            return Err(ManifestError::NoNamespace {
+            doc.error = Some(ManifestError::NoNamespace {
                 index: index + 1,
                 id: object.id.clone(),
             });
-        }
-        if let Some(position) = doc
+        } else if let Some(position) = doc
             .objects
             .iter()
             .position(|o| matches!(o.outcome, DocOutcome::Failed(_)))
         {
             let object = doc.objects.swap_remove(position);
             if let DocOutcome::Failed(source) = object.outcome {
-                return Err(ManifestError::Inject {
+                doc.error = Some(ManifestError::Inject {
                     index: index + 1,
                     id: object.id,
                     source,
                 });
             }
         }
+        if doc.error.is_some() {
+            doc.output = None;
+        }
     }
-    let left_alone = docs
-        .iter()
+    let written = || docs.iter().filter(|d| d.error.is_none());
+    let left_alone = written()
         .flat_map(|d| &d.objects)
         .filter(|o| o.left_alone())
         .filter_map(|o| o.verdict(inj))
         .collect();
-    let warnings = docs
-        .iter()
+    let warnings = written()
         .flat_map(|d| &d.objects)
         .flat_map(|o| o.warnings.iter().map(|w| format!("{}: {w}", o.id)))
         .collect();
-    Ok(Injected {
-        yaml: render(&docs)?,
+    let mut yaml = String::with_capacity(text.len() * 2);
+    let mut errors = Vec::new();
+    for (i, doc) in docs.into_iter().enumerate() {
+        let error =
+            match &doc.output {
+                Some(value) => write_changed(&doc, value, &mut yaml).err().map(|message| {
+                    ManifestError::Write {
+                        index: i + 1,
+                        id: doc.id.clone(),
+                        message,
+                    }
+                }),
+                None => None,
+            };
+        if doc.output.is_none() || error.is_some() {
+            yaml.push_str(&doc.marker);
+            yaml.push_str(&doc.source);
+        }
+        errors.extend(doc.error.or(error));
+    }
+    Injected {
+        yaml,
         left_alone,
         warnings,
-    })
+        errors,
+    }
+}
+
+/// Writes a changed document in its place: its marker, the comments and blank lines before
+/// and after its content as they were, and between them its new content, as JSON when it was
+/// written as JSON, else as YAML (its other comments are not kept). The stream's last byte
+/// stays what it was.
+fn write_changed(doc: &Doc, value: &Value, out: &mut String) -> Result<(), String> {
+    let source = doc.source.as_str();
+    let lines: Vec<&str> = source.split_inclusive('\n').collect();
+    let comment = |line: &str| {
+        let t = line.trim();
+        t.is_empty() || t.starts_with('#')
+    };
+    let lead = lines.iter().take_while(|l| comment(l)).count();
+    // At the end, only comments at the first column: an indented `#` line there may be a
+    // block scalar's.
+    let trail = lines[lead..]
+        .iter()
+        .rev()
+        .take_while(|l| l.trim().is_empty() || l.starts_with('#'))
+        .count();
+    let head: String = lines[..lead].concat();
+    let tail: String = lines[lines.len() - trail..].concat();
+    let body = lines[lead..lines.len() - trail].concat();
+    let mut text = if body.trim_start().starts_with('{') {
+        serde_json::to_string_pretty(value).map_err(|e| e.to_string())? + "\n"
+    } else {
+        serde_saphyr::to_string(value).map_err(|e| e.to_string())?
+    };
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    out.push_str(&doc.marker);
+    if !doc.marker.is_empty() && head.is_empty() {
+        // The content started on the marker's line (`--- {...}`): it goes on the next.
+        out.push('\n');
+    }
+    out.push_str(&head);
+    out.push_str(&text);
+    out.push_str(&tail);
+    if tail.is_empty() && !source.ends_with('\n') && !source.is_empty() {
+        out.pop();
+    }
+    Ok(())
 }
 
 fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
@@ -416,11 +589,7 @@ fn process_one(
 ) -> Result<(Object, Option<Value>), ManifestError> {
     let namespace = target.namespace;
     let (kind, api_version) = (str_at(value, "/kind"), str_at(value, "/apiVersion"));
-    let name = match str_at(value, "/metadata/name") {
-        "" => str_at(value, "/metadata/generateName"),
-        n => n,
-    };
-    let id = format!("{kind}/{name}");
+    let id = object_id(value);
     let passthrough = |id: String, outcome| {
         let object = Object {
             id,
@@ -505,11 +674,16 @@ fn process_one(
                     id: id.clone(),
                     message: e.to_string(),
                 })?;
-            json_patch::patch(target, &patch).map_err(|e| ManifestError::Patch {
-                index,
-                id: id.clone(),
-                message: e.to_string(),
-            })?;
+            // One operation at a time, each with the members it adds into made first (an
+            // earlier operation may create them).
+            for op in patch.0 {
+                make_parents(target, &op);
+                json_patch::patch(target, &[op]).map_err(|e| ManifestError::Patch {
+                    index,
+                    id: id.clone(),
+                    message: e.to_string(),
+                })?;
+            }
             Some(value)
         }
         None => None,
@@ -522,6 +696,41 @@ fn process_one(
         warnings,
     };
     Ok((object, output))
+}
+
+/// Creates, as empty objects, the members an operation adds into that are missing or `null` in
+/// `target` (a pod template written without `metadata`, or with `metadata: null`): the
+/// engine read the template as a typed pod, which always has them.
+fn make_parents(target: &mut Value, op: &json_patch::PatchOperation) {
+    let json_patch::PatchOperation::Add(add) = op else {
+        return;
+    };
+    let Some(parent) = add.path.parent() else {
+        return;
+    };
+    let mut at = target;
+    for token in parent.tokens() {
+        at = match at {
+            Value::Object(fields) => {
+                let slot = fields
+                    .entry(token.decoded().into_owned())
+                    .or_insert(Value::Null);
+                if slot.is_null() {
+                    *slot = Value::Object(serde_json::Map::new());
+                }
+                slot
+            }
+            Value::Array(items) => match token
+                .to_index()
+                .ok()
+                .and_then(|i| i.for_len(items.len()).ok())
+            {
+                Some(i) => &mut items[i],
+                None => return,
+            },
+            _ => return,
+        };
+    }
 }
 
 /// For an object without a pod template ([`template_path`]): [`DocOutcome::NotATemplate`] when
@@ -559,33 +768,6 @@ fn to_pod(template: &Value) -> Result<Pod, String> {
     })
 }
 
-/// Writes the documents back as one YAML stream: unchanged documents verbatim, injected ones
-/// re-serialized.
-pub fn render(docs: &[Doc]) -> Result<String, ManifestError> {
-    let mut out = String::new();
-    for (i, doc) in docs.iter().enumerate() {
-        let text = match &doc.output {
-            Some(value) => serde_saphyr::to_string(value).map_err(|e| ManifestError::Write {
-                index: i + 1,
-                id: doc.id.clone(),
-                message: e.to_string(),
-            })?,
-            None => doc.source.trim_start_matches(['\n']).to_owned(),
-        };
-        if i > 0 || docs.len() > 1 {
-            out.push_str("---");
-            if !text.starts_with(['\n', ' ']) {
-                out.push('\n');
-            }
-        }
-        out.push_str(&text);
-        if !out.ends_with('\n') {
-            out.push('\n');
-        }
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -594,8 +776,135 @@ mod tests {
 
     #[test]
     fn splits_on_markers_only() {
-        let docs = split_documents("a: 1\n---\nb: |\n  ---x\n--- \nc: 3\n");
-        assert_eq!(docs, ["a: 1\n", "\nb: |\n  ---x\n", " \nc: 3\n"]);
+        let text = "a: 1\n---\nb: |\n  ---x\n--- \nc: 3\n---";
+        let docs = split_documents(text);
+        let texts: Vec<&str> = docs.iter().map(|d| d.text).collect();
+        assert_eq!(texts, ["a: 1\n", "\nb: |\n  ---x\n", " \nc: 3\n", ""]);
+        let joined: String = docs.iter().flat_map(|d| [d.marker, d.text]).collect();
+        assert_eq!(joined, text);
+        assert_eq!(split_documents("---\n{}\n")[0].marker, "---");
+        assert!(split_documents("").is_empty());
+    }
+
+    #[test]
+    fn yaml_1_1_integers_are_read_as_kubectl_reads_them() {
+        let v = read_document(
+            "a: 0400\nb: 0644\nc: 0x1F\nd: 0o17\ne: 0b101\nf: 08\ng: 1.0\nh: 1.5\ni: '0644'\nj: 0\nk: -012\n",
+        )
+        .expect("YAML");
+        assert_eq!(
+            v,
+            serde_json::json!({"a": 256, "b": 420, "c": 31, "d": 15, "e": 5, "f": 8, "g": 1,
+                               "h": 1.5, "i": "0644", "j": 0, "k": -10})
+        );
+    }
+
+    const JOB_NO_METADATA: &str = "apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: pi\n  namespace: shop\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers:\n        - name: pi\n          image: perl:5.34\n";
+
+    #[test]
+    fn a_template_without_metadata_is_given_it() {
+        let inj = Injector::embedded(None).expect("embedded");
+        let target = Target {
+            namespace: None,
+            namespace_labels: Some(BTreeMap::from([(
+                "sidecar-injector.io/inject".to_owned(),
+                "enabled".to_owned(),
+            )])),
+        };
+        for template in [
+            "",
+            "    metadata:\n",
+            "    metadata: null\n",
+            "    metadata: {}\n",
+        ] {
+            let text =
+                JOB_NO_METADATA.replace("  template:\n", &format!("  template:\n{template}"));
+            let once = inject_each(&inj, &text, &target);
+            assert!(once.errors.is_empty(), "{template:?}: {:?}", once.errors);
+            let out = read_document(&once.yaml).expect("YAML");
+            assert!(
+                out.pointer("/spec/template/metadata/annotations").is_some(),
+                "{template:?}: {}",
+                once.yaml
+            );
+            let twice = inject_each(&inj, &once.yaml, &target);
+            assert_eq!(twice.yaml, once.yaml, "{template:?}: a fixed point");
+        }
+    }
+
+    #[test]
+    fn markers_comments_and_the_last_byte_are_kept() {
+        let inj = Injector::embedded(None).expect("embedded");
+        let deployment = DEPLOYMENT.replace("  name: web\n", "  name: web\n  namespace: shop\n");
+        // A single document with a leading marker, a flow-style JSON one, and a file without
+        // a final newline.
+        for text in [
+            format!("---\n# leading\n{deployment}# trailing\n"),
+            format!("--- # on the marker\n{deployment}"),
+            format!("a: 1\n---\n{deployment}---\nb: 2"),
+            format!("{}\n", deployment.trim_end()),
+        ] {
+            let once = inject_each(&inj, &text, &Target::default());
+            assert!(once.errors.is_empty(), "{:?}", once.errors);
+            let before = split_documents(&text);
+            let after = split_documents(&once.yaml);
+            assert_eq!(before.len(), after.len(), "{}", once.yaml);
+            for (b, a) in before.iter().zip(&after) {
+                assert_eq!(a.marker, b.marker, "{}", once.yaml);
+                let injected = read_document(a.text).expect("YAML")["kind"] == "Deployment";
+                if !injected {
+                    assert_eq!(a.text, b.text);
+                }
+            }
+            assert_eq!(once.yaml.ends_with('\n'), text.ends_with('\n'));
+            for kept in ["# leading\n", "# trailing\n", "--- # on the marker\n"] {
+                assert_eq!(once.yaml.contains(kept), text.contains(kept), "{kept}");
+            }
+            let twice = inject_each(&inj, &once.yaml, &Target::default());
+            assert_eq!(twice.yaml, once.yaml);
+        }
+        let json = format!(
+            "---\n{}\n",
+            serde_json::to_string(&read_document(&deployment).expect("YAML")).expect("JSON")
+        );
+        let once = inject_each(&inj, &json, &Target::default());
+        assert!(once.yaml.starts_with("---\n{"), "{}", once.yaml);
+        serde_json::from_str::<Value>(&once.yaml[4..]).expect("still JSON");
+    }
+
+    #[test]
+    fn a_document_that_cannot_be_read_is_left_as_it_was() {
+        let inj = Injector::embedded(None).expect("embedded");
+        let deployment = DEPLOYMENT.replace("  name: web\n", "  name: web\n  namespace: shop\n");
+        let broken = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: bad}\nspec:\n  template:\n    spec:\n      containers: 7\n";
+        let text = format!("b: [\n---\n{broken}---\n{deployment}");
+        let out = inject_each(&inj, &text, &Target::default());
+        let errors: Vec<String> = out.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 2, "{errors:?}");
+        assert!(
+            errors[0].starts_with("document 1: invalid YAML"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[1].starts_with("document 2 (Deployment/bad)"),
+            "{errors:?}"
+        );
+        let docs = split_documents(&out.yaml);
+        assert_eq!(docs[0].text, "b: [\n");
+        assert_eq!(docs[1].text, format!("\n{broken}"));
+        assert!(docs[2].text.contains("log-shipper"), "{}", out.yaml);
+        let report = crate::engine::explain::explain_for(&inj, &text, &Target::default());
+        assert_eq!(report.errors.len(), 2);
+        assert!(
+            report.text.contains("Deployment/web: injected"),
+            "{}",
+            report.text
+        );
+        assert!(
+            report.text.contains("document 1: invalid YAML"),
+            "{}",
+            report.text
+        );
     }
 
     #[test]
@@ -604,15 +913,19 @@ mod tests {
         let input = format!(
             "# a comment kept\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: c\n---\n{DEPLOYMENT}"
         );
-        let once = render(&process(&inj, &input, None).expect("first")).expect("render");
-        assert!(once.starts_with("---\n# a comment kept\n"), "{once}");
+        let shop = Target {
+            namespace: Some("shop"),
+            namespace_labels: None,
+        };
+        let once = inject_each(&inj, &input, &shop).yaml;
+        assert!(once.starts_with("# a comment kept\n"), "{once}");
         assert!(once.contains("name: log-shipper"), "{once}");
         assert!(
             once.contains("sidecar-injector.io/inject: 'true'")
                 || once.contains("sidecar-injector.io/inject: \"true\""),
             "{once}"
         );
-        let docs = process(&inj, &once, None).expect("second");
+        let docs = process_for(&inj, &once, &shop);
         assert!(
             matches!(
                 docs[1].objects[0].outcome,
@@ -621,13 +934,13 @@ mod tests {
             "{:?}",
             docs[1].objects[0].outcome
         );
-        assert_eq!(render(&docs).expect("render"), once);
+        assert_eq!(inject_each(&inj, &once, &shop).yaml, once);
     }
 
     #[test]
     fn bad_yaml_names_the_document() {
         let inj = Injector::embedded(None).expect("embedded");
-        let err = process(&inj, "a: 1\n---\nb: [\n", None).expect_err("bad yaml");
+        let err = inject(&inj, "a: 1\n---\nb: [\n", None).expect_err("bad yaml");
         assert!(
             err.to_string().starts_with("document 2: invalid YAML"),
             "{err}"
@@ -680,7 +993,7 @@ mod tests {
             "apiVersion: v1\nitems:\n- apiVersion: v1\n  kind: Service\n  metadata: {{name: web, namespace: shop}}\n-{}kind: List\nmetadata:\n  resourceVersion: \"\"\n",
             &item[1..]
         );
-        let docs = process(&inj, &list, None).expect("reads");
+        let docs = process(&inj, &list, None);
         assert_eq!(docs.len(), 1);
         let ids: Vec<&str> = docs[0].objects.iter().map(|o| o.id.as_str()).collect();
         assert_eq!(ids, ["Service/web", "Deployment/web"]);
@@ -703,7 +1016,7 @@ mod tests {
 
         // The same List as kubectl's JSON: one document, read as YAML.
         let json = serde_json::to_string_pretty(&object(&list)).expect("JSON");
-        let docs = process(&inj, &json, None).expect("reads JSON");
+        let docs = process(&inj, &json, None);
         assert_eq!(docs[0].output.as_ref(), Some(out));
 
         // An empty List is a document with nothing in it.
