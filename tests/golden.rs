@@ -596,6 +596,112 @@ fn kubectl() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Manifests of the shapes public repositories hold (`tests/inputs/manifests/shapes/`): YAML
+/// 1.1 octal modes, a flow-style JSON document after `---`, pod templates without metadata,
+/// JSON documents in a YAML stream, a file without a final newline, one document that cannot
+/// be read among others. The snapshot is what `inject` writes and says; every document it did
+/// not change is byte for byte the input's, every document reads back as its typed kind
+/// (k8s-openapi), injecting the output again changes nothing, and `explain` reads the same
+/// file and names the same documents.
+#[test]
+fn manifest_shapes() {
+    use k8s_openapi::api::{apps::v1 as apps, batch::v1 as batch, core::v1 as core};
+    let inj = embedded();
+    let target = manifest::Target {
+        namespace: None,
+        namespace_labels: None,
+    };
+    let mut failures = Vec::new();
+    insta::glob!("inputs/manifests/shapes/*.yaml", |path| {
+        let text = std::fs::read_to_string(path).expect("input is readable");
+        let name = file_name(path);
+        let mut problems = Vec::new();
+        let injected = manifest::inject_each(&inj, &text, &target);
+        let (before, after) = (
+            manifest::split_documents(&text),
+            manifest::split_documents(&injected.yaml),
+        );
+        if before.len() != after.len() {
+            problems.push(format!(
+                "{} documents in, {} out",
+                before.len(),
+                after.len()
+            ));
+        }
+        for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+            if b.marker != a.marker {
+                problems.push(format!("document {}: its marker changed", i + 1));
+            }
+            let Ok(value) = manifest::read_document(a.text) else {
+                if a.text != b.text {
+                    problems.push(format!("document {}: unreadable and changed", i + 1));
+                }
+                continue;
+            };
+            let changed = a.text != b.text;
+            let typed = match value["kind"].as_str().unwrap_or("") {
+                "Pod" => serde_json::from_value::<core::Pod>(value.clone()).err(),
+                "Service" => serde_json::from_value::<core::Service>(value.clone()).err(),
+                "Secret" => serde_json::from_value::<core::Secret>(value.clone()).err(),
+                "Namespace" => serde_json::from_value::<core::Namespace>(value.clone()).err(),
+                "Deployment" => serde_json::from_value::<apps::Deployment>(value.clone()).err(),
+                "StatefulSet" => serde_json::from_value::<apps::StatefulSet>(value.clone()).err(),
+                "DaemonSet" => serde_json::from_value::<apps::DaemonSet>(value.clone()).err(),
+                "Job" => serde_json::from_value::<batch::Job>(value.clone()).err(),
+                "CronJob" => serde_json::from_value::<batch::CronJob>(value.clone()).err(),
+                other => Some(serde::de::Error::custom(format!(
+                    "no typed kind for {other:?}"
+                ))),
+            };
+            // A document left as it came because it cannot be injected may not read as its
+            // kind (that is why it was left).
+            if let (Some(e), true) = (typed, changed) {
+                problems.push(format!("document {}: not a valid object: {e}", i + 1));
+            }
+            let opted_in = a.text.contains("sidecar-injector.io/status");
+            if changed != opted_in {
+                problems.push(format!(
+                    "document {}: changed {changed}, injected {opted_in}",
+                    i + 1
+                ));
+            }
+        }
+        if injected.yaml.ends_with('\n') != text.ends_with('\n') {
+            problems.push("the last byte changed".into());
+        }
+        let again = manifest::inject_each(&inj, &injected.yaml, &target);
+        if again.yaml != injected.yaml {
+            problems.push("injecting the output again changes it".into());
+        }
+        let report = explain::explain_for(&inj, &text, &target);
+        if report.errors.len() != injected.errors.len() {
+            problems.push(format!(
+                "explain could not read {} documents, inject {}",
+                report.errors.len(),
+                injected.errors.len()
+            ));
+        }
+        for p in &problems {
+            failures.push(format!("manifests/shapes/{name}: {p}"));
+        }
+        let errors: Vec<String> = injected.errors.iter().map(ToString::to_string).collect();
+        let seen = format!(
+            "# explain\n{}\n# inject: standard error\n{}\n\n# inject: standard output\n{}",
+            report.text,
+            injected
+                .left_alone
+                .iter()
+                .chain(&errors)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n"),
+            injected.yaml
+        );
+        insta::assert_snapshot!("shapes", seen);
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// kubectl's `-o json` and `-o yaml` of the same objects are injected alike.
 #[test]
 fn kubectl_json_and_yaml_agree() {
@@ -640,6 +746,12 @@ fn every_snapshot_has_its_input() {
         };
         let Some((dir, input)) = rest.strip_suffix(".snap").and_then(|r| r.split_once('@')) else {
             continue;
+        };
+        // The manifest shapes live beside the CLI's manifests.
+        let dir = if dir == "shapes" {
+            "manifests/shapes"
+        } else {
+            dir
         };
         let input = root.join("inputs").join(dir).join(input);
         assert!(input.is_file(), "{name} has no input {}", input.display());

@@ -45,7 +45,10 @@ pub enum Command {
     /// those of the workload kinds, and of any kind with a pod template (a `spec.containers`
     /// list) at `spec.template` or `spec.jobTemplate.spec.template`. Other documents, and
     /// documents with nothing to add, are written back byte for byte. Every opted-in pod or pod
-    /// template it leaves as it is gets a `note:` line on standard error with the reason.
+    /// template it leaves as it is gets a `note:` line on standard error with the reason. YAML
+    /// is read as kubectl reads it (`0644` is octal). A document that cannot be read or
+    /// injected is written back as it came and named in an `error:` line; the others are
+    /// still injected, and the exit status is 1.
     Inject(ManifestArgs),
     /// Answer a captured AdmissionReview exactly as the server would.
     Review {

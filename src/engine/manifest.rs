@@ -3,8 +3,8 @@
 //!
 //! Pods and the pod templates of workloads go through the same [`decide`] and edits as the
 //! webhook; the edits are applied as the same JSONPatch. The items of a `kind: List` are
-//! injected in place. A document that is not changed is written back byte for byte, comments
-//! included, so injecting the output again changes nothing.
+//! injected in place. A document that is not changed, or cannot be read, is written back byte
+//! for byte, comments and markers included, so injecting the output again changes nothing.
 
 use std::collections::BTreeMap;
 

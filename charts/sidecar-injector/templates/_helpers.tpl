@@ -218,10 +218,19 @@ templates still goes to the server, which decides per template.)
 {{- fail (printf "podDisruptionBudget.minAvailable (%d) must be below autoscaling.minReplicas (%d): otherwise no drain can evict a server." (int $.Values.podDisruptionBudget.minAvailable) (int .minReplicas)) -}}
 {{- end -}}
 {{- end -}}
+{{- range $name, $_ := .Values.extraTemplates -}}
+{{- if hasSuffix ".yaml.j2" $name -}}
+{{- fail (printf "extraTemplates key %q: the key is the template's bare name, %q (the chart adds .yaml.j2 to make the file name)." $name (trimSuffix ".yaml.j2" $name)) -}}
+{{- end -}}
+{{- end -}}
 {{- $files := include "sidecar-injector.templateFiles" . | fromJson -}}
+{{- $known := list -}}
+{{- range $file := keys $files | sortAlpha -}}
+{{- $known = append $known (trimSuffix ".yaml.j2" $file) -}}
+{{- end -}}
 {{- range .Values.config.defaultTemplates -}}
 {{- if not (hasKey $files (printf "%s.yaml.j2" .)) -}}
-{{- fail (printf "config.defaultTemplates names %q, but there is no such template (known: %s). Add it to extraTemplates or remove it." . (keys $files | sortAlpha | join ", " | replace ".yaml.j2" "")) -}}
+{{- fail (printf "config.defaultTemplates names %q, but there is no such template (known: %s). Add it to extraTemplates or remove it." . (join ", " $known)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

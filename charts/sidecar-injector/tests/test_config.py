@@ -63,6 +63,19 @@ def test_unknown_default_template_is_refused(helm):
     assert '"nope"' in message and "extraTemplates" in message
 
 
+def test_unknown_default_template_lists_the_known_names(helm):
+    message = render_error("config.defaultTemplates={nope}", values={"extraTemplates": {"auditor": "containers: []\n"}},
+                           helm=helm)
+    assert "(known: auditor, log-shipper, proxy)" in message, message
+
+
+def test_a_template_key_with_its_file_suffix_is_refused_saying_so(helm):
+    message = render_error("config.defaultTemplates={auditor}",
+                           values={"extraTemplates": {"auditor.yaml.j2": "containers: []\n"}}, helm=helm)
+    assert 'extraTemplates key "auditor.yaml.j2"' in message and '"auditor"' in message, message
+    assert "there is no such template" not in message, message
+
+
 def test_bad_template_name_is_refused(helm):
     assert "schema" in render_error(values={"extraTemplates": {"a/b": "x"}}, helm=helm)
 
