@@ -44,6 +44,8 @@ pub enum Need {
     /// A Prometheus scraping the injector's pods with the chart's alert rules
     /// (`E2E_PROMETHEUS_URL`, `E2E_PROMETHEUS_RULES`), and stopping and starting the server.
     Prometheus,
+    /// Running `sidecar-injector` commands from the suite (`E2E_INJECTOR_BIN`).
+    InjectorBin,
     /// Two nodes, the second of which the suite can fail and revive (`E2E_NODES=2`,
     /// `E2E_NODE_CTL`: e2e/node/node.sh fail2|revive2). A one-node run leaves these scenarios
     /// out (e2e/node/run.sh).
@@ -207,6 +209,10 @@ impl Env {
                         Mode::Node | Mode::Kind => self.injector_bin.is_some() && self.pod_network,
                     },
                     "kind's run has no sidecar-injector binary for the suite (E2E_INJECTOR_BIN), or the injector pods' admin ports are not reachable from the test machine (E2E_POD_NETWORK)",
+                ),
+                Need::InjectorBin => (
+                    self.injector_bin.is_some(),
+                    "kind's run has no sidecar-injector binary for the suite (E2E_INJECTOR_BIN)",
                 ),
                 Need::Prometheus => (
                     self.prometheus_url.is_some()

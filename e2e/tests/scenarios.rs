@@ -2560,3 +2560,116 @@ async fn s27_the_pods_class_and_ports_are_kept() -> anyhow::Result<()> {
     })
     .await
 }
+
+/// s28. What `inject` writes offline is what the API server takes: every manifest of
+/// tests/inputs/manifests/shapes (octal modes, flow-style JSON, pod templates without metadata,
+/// JSON in a YAML stream), injected by the CLI for this scenario's namespace with the server's
+/// configuration, is created with a server-side dry run and strict field validation (an unknown
+/// or duplicated field is refused), its pods through both webhooks (the validator admits what
+/// the CLI injected). The one document the CLI cannot read is named on its standard error,
+/// written back as it came, and left out here; the CLI exits 1 for that file only.
+#[tokio::test]
+async fn s28_what_inject_writes_the_api_server_takes() -> anyhow::Result<()> {
+    scenario("s28-offline-shapes", &[Need::InjectorBin], |cx| async move {
+        use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+        let bin = cx.env.injector_bin.clone().context("no E2E_INJECTOR_BIN")?;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/inputs/manifests/shapes");
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(&dir)
+            .with_context(|| format!("cannot read {}", dir.display()))?
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()?;
+        files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+        files.sort();
+        ensure!(files.len() >= 5, "expected the shapes in {}", dir.display());
+        let (mut created, mut injected, mut refused) = (0, 0, Vec::new());
+        for file in &files {
+            let name = file.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(file)?
+                .replace("namespace: shop", &format!("namespace: {}", cx.ns))
+                .replace("\"namespace\": \"shop\"", &format!("\"namespace\": \"{}\"", cx.ns))
+                .replace("batch-jobs", &cx.ns);
+            let mut command = tokio::process::Command::new(&bin);
+            command.args(["inject", "-f", "-"]);
+            if let Some(config) = &cx.env.injector_config {
+                command.arg("--config").arg(config);
+            }
+            let mut child = command
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .context("cannot run sidecar-injector inject")?;
+            {
+                use tokio::io::AsyncWriteExt as _;
+                let mut stdin = child.stdin.take().context("no stdin")?;
+                stdin.write_all(text.as_bytes()).await?;
+            }
+            let out = child.wait_with_output().await?;
+            let (stdout, stderr) = (
+                String::from_utf8(out.stdout)?,
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+            let unreadable = stderr.lines().filter(|l| l.starts_with("error: document ")).count();
+            ensure!(
+                out.status.success() == (unreadable == 0),
+                "{name}: exit {:?} with {unreadable} unreadable documents: {stderr}",
+                out.status.code()
+            );
+            if name == "one-bad-document.yaml" {
+                ensure!(
+                    unreadable == 1 && stderr.contains("(Deployment/broken)"),
+                    "{name}: expected the broken document named: {stderr}"
+                );
+            }
+            for doc in stdout.split("\n---") {
+                let doc = doc.strip_prefix("---").unwrap_or(doc);
+                // Read as kubectl reads it (YAML 1.1: `0755` is octal), as the documents the
+                // CLI left as they came are written.
+                let mut options = serde_saphyr::Options::default();
+                options.legacy_octal_numbers = true;
+                let value: serde_json::Value = match serde_saphyr::from_str_with_options::<
+                    Option<serde_json::Value>,
+                >(doc, options)
+                {
+                    Ok(Some(v)) if v.is_object() => v,
+                    _ => continue,
+                };
+                let kind = value["kind"].as_str().unwrap_or("").to_owned();
+                let id = format!("{kind}/{}", value["metadata"]["name"].as_str().unwrap_or(""));
+                // The namespace exists already; the broken document was named above.
+                if kind == "Namespace" || stderr.contains(&format!("({id})")) {
+                    continue;
+                }
+                let api_version = value["apiVersion"].as_str().unwrap_or("");
+                let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+                let gvk = GroupVersionKind::gvk(group, version, &kind);
+                let plural = format!("{}s", kind.to_ascii_lowercase());
+                let api: Api<DynamicObject> = Api::namespaced_with(
+                    cx.client.clone(),
+                    &cx.ns,
+                    &ApiResource::from_gvk_with_plural(&gvk, &plural),
+                );
+                injected += usize::from(doc.contains("sidecar-injector.io/status"));
+                let object: DynamicObject = serde_json::from_value(value)?;
+                let params = PatchParams::apply("e2e-s28").dry_run().validation_strict();
+                match api
+                    .patch(object.metadata.name.as_deref().unwrap_or(""), &params, &Patch::Apply(&object))
+                    .await
+                {
+                    Ok(_) => created += 1,
+                    Err(e) => refused.push(format!("{name}: {id}: {}", sidecar_injector_e2e::cluster::refusal(&e))),
+                }
+            }
+        }
+        ensure!(refused.is_empty(), "the API server refused: {refused:#?}");
+        // 11 objects in the five files besides the Namespace and the broken one; 8 opted in.
+        ensure!(
+            created == 11 && injected == 8,
+            "{created} objects created (11 expected), {injected} injected (8 expected)"
+        );
+        println!("s28: {created} objects of {} files taken by the API server (dry run, strict fields), {injected} of them injected offline", files.len());
+        Ok(())
+    })
+    .await
+}
