@@ -12,7 +12,10 @@
 //! 8. the memory of recent answers answers as the engine;
 //! 9. and so it does for replicas whose token volumes have names of their own;
 //! 10. every patch applies to the pod as it was sent, malformed pods included, and a pod the
-//!     API server will refuse is let through unchanged or refused for its own mistake.
+//!     API server will refuse is let through unchanged or refused for its own mistake;
+//! 11. a pod template with its `metadata` absent, `null` or `{}` is injected offline (the
+//!     patch makes what it writes into) and injecting the output again changes nothing, and a
+//!     review of a pod without metadata (which the API server refuses) is never patched.
 
 use std::collections::BTreeSet;
 
@@ -1465,5 +1468,64 @@ proptest! {
             }
             Ok(())
         })?;
+    }
+}
+
+// === 11. Patches make the maps they write into ===
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn a_template_without_metadata_is_injected(case in pod(), form in 0usize..3) {
+        let inj = embedded();
+        let mut template = json!({"spec": case.pod["spec"].clone()});
+        match form {
+            0 => {}
+            1 => template["metadata"] = Value::Null,
+            _ => template["metadata"] = json!({}),
+        }
+        let deployment = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}, "template": template},
+        });
+        let target = sidecar_injector::manifest::Target {
+            namespace: None,
+            namespace_labels: Some(
+                [("sidecar-injector.io/inject".to_owned(), "enabled".to_owned())].into(),
+            ),
+        };
+        let text = serde_json::to_string(&deployment).expect("JSON");
+        let once = sidecar_injector::manifest::inject_each(&inj, &text, &target);
+        for error in &once.errors {
+            // A pod the engine refuses (a port clash) is named; a patch never fails.
+            prop_assert!(
+                matches!(error, sidecar_injector::manifest::ManifestError::Inject { .. }),
+                "form {}: {}", form, error
+            );
+        }
+        if once.errors.is_empty() && once.yaml != text {
+            let out: Value = serde_json::from_str(&once.yaml).expect("JSON stays JSON");
+            prop_assert!(
+                out.pointer("/spec/template/metadata/annotations/sidecar-injector.io~1status").is_some(),
+                "form {}: {}", form, once.yaml
+            );
+        }
+        let twice = sidecar_injector::manifest::inject_each(&inj, &once.yaml, &target);
+        prop_assert_eq!(&twice.yaml, &once.yaml, "form {}: not a fixed point", form);
+
+        // The webhook's road: a pod without metadata is one the API server refuses (it has
+        // no name); it is let through unchanged, whichever entry sent it, never patched.
+        let mut pod = case.pod.clone();
+        pod.as_object_mut().expect("a pod").remove("metadata");
+        let body = review("CREATE", &case.namespace, &pod, None);
+        for entry in [Entry::Pod, Entry::Namespace] {
+            let answer = answer_for(&inj, Webhook::Mutate, entry, &body)
+                .expect("a review with a uid is answered");
+            let response = decoded(&answer.body);
+            prop_assert_eq!(&response["allowed"], &json!(true), "{}", response);
+            prop_assert!(response.get("patch").is_none(), "{}", response);
+        }
     }
 }

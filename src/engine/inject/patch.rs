@@ -280,9 +280,6 @@ fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
     let meta = pod.metadata.as_ref();
     let has_labels = meta.is_some_and(|m| m.labels.is_some());
     let has_annotations = meta.is_some_and(|m| m.annotations.is_some());
-    // A pod without `metadata` (absent or null: never one the API server sends, but one a
-    // review may hold) gets it before its first label or annotation.
-    let mut no_metadata = meta.is_none();
     // Arrays created by an earlier edit of this patch: appended to from then on.
     let mut created: Vec<(&str, Option<(&str, usize)>)> = Vec::new();
     let mut append = |w: &mut PatchWriter<'p>,
@@ -363,9 +360,6 @@ fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
                 append(&mut w, exists, "env", Some(at), env.piece);
             }
             Edit::SetLabel { key, value } => {
-                if std::mem::take(&mut no_metadata) {
-                    w.op(&["metadata"], None, |w| w.text(b"{}"));
-                }
                 set_entry(
                     &mut w,
                     (has_labels, &mut map_created.0),
@@ -375,9 +369,6 @@ fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
                 );
             }
             Edit::SetAnnotation { key, value, json } => {
-                if std::mem::take(&mut no_metadata) {
-                    w.op(&["metadata"], None, |w| w.text(b"{}"));
-                }
                 set_entry(
                     &mut w,
                     (has_annotations, &mut map_created.1),
