@@ -21,9 +21,10 @@ pub fn explain(
             namespace_labels: None,
         },
     );
-    match explained.errors.is_empty() {
-        true => Ok(explained.text),
-        false => Err(explained.errors.swap_remove(0)),
+    if explained.errors.is_empty() {
+        Ok(explained.text)
+    } else {
+        Err(explained.errors.swap_remove(0))
     }
 }
 

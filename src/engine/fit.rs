@@ -581,15 +581,7 @@ pub fn port_clash<'a, T: Copy>(
     for init in [true, false] {
         for (from, f) in renderings.clone() {
             for p in f.ports.iter().filter(|p| p.init == init) {
-                let list = if init {
-                    &f.init_containers
-                } else {
-                    &f.containers
-                };
-                let Some(sidecar) = list.get(p.index) else {
-                    continue;
-                };
-                if kept(&sidecar.name) {
+                if kept(&p.sidecar) {
                     continue;
                 }
                 if let Some((_, _, container)) = theirs
@@ -599,7 +591,7 @@ pub fn port_clash<'a, T: Copy>(
                     return Some((
                         from,
                         PortClash {
-                            sidecar: sidecar.name.clone(),
+                            sidecar: p.sidecar.clone(),
                             port: p.number,
                             protocol: p.protocol.clone(),
                             container: (*container).to_owned(),

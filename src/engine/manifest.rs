@@ -207,14 +207,14 @@ pub enum ManifestError {
 /// first document written without one) and the text after it, up to the next marker (the
 /// rest of the marker's line included). The pieces of a stream, joined, are the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Piece<'a> {
+pub struct DocText<'a> {
     pub marker: &'a str,
     pub text: &'a str,
 }
 
 /// Splits a YAML stream at its `---` document markers, keeping every byte: the pieces joined
 /// are `text` exactly.
-pub fn split_documents(text: &str) -> Vec<Piece<'_>> {
+pub fn split_documents(text: &str) -> Vec<DocText<'_>> {
     let mut docs = Vec::new();
     let (mut start, mut marker) = (0, "");
     let mut offset = 0;
@@ -222,7 +222,7 @@ pub fn split_documents(text: &str) -> Vec<Piece<'_>> {
         let body = line.trim_end_matches(['\n', '\r']);
         if body == "---" || body.starts_with("--- ") || body.starts_with("---\t") {
             if offset > start || !marker.is_empty() {
-                docs.push(Piece {
+                docs.push(DocText {
                     marker,
                     text: &text[start..offset],
                 });
@@ -234,7 +234,7 @@ pub fn split_documents(text: &str) -> Vec<Piece<'_>> {
         offset += line.len();
     }
     if offset > start || !marker.is_empty() {
-        docs.push(Piece {
+        docs.push(DocText {
             marker,
             text: &text[start..],
         });
@@ -450,9 +450,10 @@ pub fn inject_for(
     target: &Target<'_>,
 ) -> Result<Injected, ManifestError> {
     let mut injected = inject_each(inj, text, target);
-    match injected.errors.is_empty() {
-        true => Ok(injected),
-        false => Err(injected.errors.swap_remove(0)),
+    if injected.errors.is_empty() {
+        Ok(injected)
+    } else {
+        Err(injected.errors.swap_remove(0))
     }
 }
 

@@ -70,8 +70,8 @@ pub struct Fragment {
 pub struct SidecarPort {
     /// Whether the sidecar is one of the rendering's init containers (else a container).
     pub init: bool,
-    /// The sidecar's index among those.
-    pub index: usize,
+    /// The sidecar's name.
+    pub sidecar: String,
     pub number: i32,
     /// As declared, `TCP` when absent.
     pub protocol: String,
@@ -83,11 +83,10 @@ pub struct SidecarPort {
 pub fn sidecar_ports(init_containers: &[Container], containers: &[Container]) -> Vec<SidecarPort> {
     let each = |init: bool, list: &[Container]| {
         list.iter()
-            .enumerate()
-            .flat_map(move |(index, c)| {
+            .flat_map(move |c| {
                 c.ports.iter().flatten().map(move |p| SidecarPort {
                     init,
-                    index,
+                    sidecar: c.name.clone(),
                     number: p.container_port,
                     protocol: p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
                     digits: p.container_port.to_string(),
