@@ -408,6 +408,28 @@ mod amounts {
             r#"{"limits":{"cpu":"1","memory":"1Gi"},"requests":{"cpu":"500m"}}"#
         )));
     }
+
+    #[test]
+    fn plain_quantities_are_compared_as_numbers() {
+        for (a, b, same) in [
+            ("1", "1000m", true),
+            ("1Gi", "1024Mi", true),
+            ("1k", "1000", true),
+            ("250m", "1", false),
+            ("512Mi", "0.5Gi", true),
+            ("999999999999999999Ti", "999999999999999999Ti", true),
+            ("1x", "1", false),
+        ] {
+            assert_eq!(same_quantity(a, b), same, "{a} {b}");
+        }
+        assert_eq!(plain_quantity("0"), Some(0));
+        assert_eq!(plain_quantity("250m"), Some(250));
+        assert_eq!(plain_quantity("2Ki"), Some(2_000 << 10));
+        assert_eq!(plain_quantity("1.5"), None);
+        assert_eq!(plain_quantity(""), None);
+        assert_eq!(plain_quantity("m"), None);
+        assert_eq!(plain_quantity("1234567890123456789"), None);
+    }
 }
 
 /// Whether pod-level `resources` (the pod's budget) are set: then they, not the containers,

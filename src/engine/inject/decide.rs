@@ -10,7 +10,7 @@ use crate::engine::inject::rules::{
     InjectError, SkipReason, malformed, opt_in, runs_to_completion, selected_templates, targets,
 };
 use crate::engine::inject::status::{Rendered, Status, fragment_hash, status_json};
-use crate::engine::template::Quoted;
+use crate::engine::template::{Overrides, Quoted};
 use crate::engine::{fit, messages};
 
 /// What the injector decided for a pod.
@@ -58,14 +58,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
     let names = selected_templates(inj, facts)?;
     let mut overrides = Vec::with_capacity(names.len());
     for name in &names {
-        let values = inj
-            .templates
-            .overrides_for(name, facts.annotations())
-            .map_err(|source| InjectError::BadOverride {
-                template: (*name).to_owned(),
-                source: Box::new(source),
-            })?;
-        overrides.push(values);
+        overrides.push(overrides_of(inj, facts, name)?);
     }
     let windows = cfg.skip.windows && facts.is_windows()?;
     let owned = &inj.templates.owned().sidecars;
@@ -167,6 +160,20 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         status,
         notes,
     }))
+}
+
+/// The values the pod's annotations give template `name`'s overrides, each checked.
+fn overrides_of<'i>(
+    inj: &'i Injector,
+    facts: &PodFacts<'_>,
+    name: &str,
+) -> Result<Overrides<'i>, InjectError> {
+    inj.templates
+        .overrides_for(name, facts.annotations())
+        .map_err(|source| InjectError::BadOverride {
+            template: name.to_owned(),
+            source: Box::new(source),
+        })
 }
 
 /// Sidecar names the pod brought itself. Decided when a template is first injected and carried

@@ -199,6 +199,33 @@ impl<'p> PatchWriter<'p> {
         }
     }
 
+    /// Init containers placed before the pod's own, one op each, or the list created with
+    /// them when the pod has none (`has_init`).
+    fn prepend_init_containers(
+        &mut self,
+        has_init: bool,
+        pieces: impl ExactSizeIterator<Item = &'p Piece>,
+    ) {
+        if has_init {
+            for (i, piece) in pieces.enumerate() {
+                let mut buf = [0; 20];
+                let i = index_token(i, &mut buf);
+                self.op(&["spec", "initContainers", i], None, |w| w.piece(piece));
+            }
+        } else {
+            self.op(&["spec", "initContainers"], None, |w| {
+                w.text(b"[");
+                for (i, piece) in pieces.enumerate() {
+                    if i > 0 {
+                        w.text(b",");
+                    }
+                    w.piece(piece);
+                }
+                w.text(b"]");
+            });
+        }
+    }
+
     fn json_str(&mut self, s: &str) {
         json::write_str(&mut self.out, s);
     }
@@ -319,24 +346,7 @@ fn write_patch<'p>(pod: &PodView<'_>, edits: &[Edit<'p>]) -> Patch<'p> {
     for edit in edits {
         match edit {
             Edit::PrependInitContainers(cs) => {
-                if has_init {
-                    for (i, c) in cs.iter().enumerate() {
-                        let mut buf = [0; 20];
-                        let i = index_token(i, &mut buf);
-                        w.op(&["spec", "initContainers", i], None, |w| w.piece(c.piece));
-                    }
-                } else {
-                    w.op(&["spec", "initContainers"], None, |w| {
-                        w.text(b"[");
-                        for (i, c) in cs.iter().enumerate() {
-                            if i > 0 {
-                                w.text(b",");
-                            }
-                            w.piece(c.piece);
-                        }
-                        w.text(b"]");
-                    });
-                }
+                w.prepend_init_containers(has_init, cs.iter().map(|c| c.piece))
             }
             Edit::AppendContainer(c) => append(&mut w, true, "containers", None, c.piece),
             Edit::AddVolume(v) => append(&mut w, has_volumes, "volumes", None, v.piece),
