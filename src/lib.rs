@@ -10,6 +10,8 @@
 //! - [`export`] writes the configuration as admission policies that run inside the API server
 //!   (a ValidatingAdmissionPolicy backstop, a MutatingAdmissionPolicy); pure like the engine,
 //!   whose decisions it renders in CEL.
+//! - [`certs`]: when the certificates the server manages itself are issued, renewed and
+//!   rolled over, decided without I/O (the server takes the steps).
 //! - [`server`]: the webhook and admin servers (sockets, TLS, reloads, limits, shutdown).
 //! - [`cli`]: the commands, `serve`, `inject`, `review`, `explain`, `outdated`, `export` and
 //!   `check` (whose API-server calls live in [`cli::outdated`] and [`cli::check`]).
@@ -19,6 +21,7 @@
 //! the offline commands can never disagree. The engine's modules are re-exported here, so
 //! `sidecar_injector::review`, `sidecar_injector::inject` and the rest name them directly.
 
+pub mod certs;
 pub mod cli;
 pub mod diagnose;
 pub mod engine;

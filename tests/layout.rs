@@ -78,6 +78,13 @@ fn the_exporter_does_no_io_and_imports_no_shell() -> Result<()> {
 }
 
 #[test]
+fn the_certificate_plan_does_no_io_and_imports_no_shell() -> Result<()> {
+    let found = offences("src/certs", NO_IO)?;
+    assert!(found.is_empty(), "{found:#?}");
+    Ok(())
+}
+
+#[test]
 fn the_diagnostics_do_no_io_and_import_no_shell() -> Result<()> {
     let found = offences("src/diagnose", NO_IO)?;
     assert!(found.is_empty(), "{found:#?}");
@@ -255,6 +262,7 @@ const ORDER: &[&str] = &[
     "engine",
     "export",
     "diagnose",
+    "certs",
     "load",
     "server",
     "cli",
