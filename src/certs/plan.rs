@@ -139,13 +139,19 @@ pub fn next(policy: &Policy, seen: &Observed<'_>) -> Step {
     }
     let serving = stored.serving.as_ref();
     // Served by the signer already: the roll-over's last step, once the grace has passed.
-    if let Some(s) = serving.filter(|s| s.issuer == Some(signer.id))
-        && let Some(old) = stored.bundle.iter().find(|ca| ca.id != signer.id)
+    let drop = serving
+        .filter(|s| s.issuer == Some(signer.id))
+        .zip(stored.bundle.iter().find(|ca| ca.id != signer.id))
+        .map(|(s, old)| {
+            (
+                old.id,
+                (s.not_before + policy.reload_grace).min(old.not_after),
+            )
+        });
+    if let Some((id, at)) = drop
+        && now >= at
     {
-        let drop_at = (s.not_before + policy.reload_grace).min(old.not_after);
-        if now >= drop_at {
-            return Step::DropCa { id: old.id };
-        }
+        return Step::DropCa { id };
     }
     let why = match serving {
         None => Some("the Secret holds no serving certificate"),
@@ -182,12 +188,9 @@ pub fn next(policy: &Policy, seen: &Observed<'_>) -> Step {
     let mut until = now + policy.recheck;
     if let Some(s) = serving {
         until = until.min(renew_at(s.not_before, s.not_after, policy.renew_divisor));
-        if !alone {
-            let old = stored.bundle.iter().find(|ca| ca.id != signer.id);
-            if let Some(old) = old {
-                until = until.min((s.not_before + policy.reload_grace).min(old.not_after));
-            }
-        }
+    }
+    if let Some((_, at)) = drop {
+        until = until.min(at);
     }
     if alone {
         until = until.min(renew_at(
