@@ -3,4 +3,6 @@
 //! without I/O from what the TLS Secret holds, what the webhook configurations trust and the
 //! time. The server's shell reads those and takes the steps.
 
+pub mod issue;
 pub mod plan;
+pub mod stored;

@@ -12,6 +12,14 @@
 //!   by which time every replica serves the new certificate (a mounted Secret reaches a pod's
 //!   files within the kubelet's sync period; the server reloads them when they change).
 
+/// How long before its issue a certificate's validity starts, so that an API server whose
+/// clock is a little behind accepts it at once. What the plan counts from is the issue.
+pub const BACKDATE: i64 = 60;
+
+fn issued(not_before: i64) -> i64 {
+    not_before + BACKDATE
+}
+
 /// A CA of the bundle, as read from its certificate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ca {
@@ -65,7 +73,7 @@ impl Default for Policy {
         const DAY: i64 = 86_400;
         Policy {
             ca_lifetime: 365 * DAY,
-            serving_lifetime: 30 * DAY,
+            serving_lifetime: 60 * DAY,
             renew_divisor: 3,
             reload_grace: 5 * 60,
             recheck: 30,
@@ -107,8 +115,9 @@ fn due(not_before: i64, not_after: i64, divisor: i64, now: i64) -> bool {
     now >= renew_at(not_before, not_after, divisor)
 }
 
-fn renew_at(not_before: i64, not_after: i64, divisor: i64) -> i64 {
-    not_after - (not_after - not_before).max(0) / divisor.max(1)
+/// When a certificate has `1 / divisor` of its life left, its life counted from its issue.
+pub fn renew_at(not_before: i64, not_after: i64, divisor: i64) -> i64 {
+    not_after - (not_after - issued(not_before).min(not_after)).max(0) / divisor.max(1)
 }
 
 /// The next step for what was observed.
@@ -145,7 +154,7 @@ pub fn next(policy: &Policy, seen: &Observed<'_>) -> Step {
         .map(|(s, old)| {
             (
                 old.id,
-                (s.not_before + policy.reload_grace).min(old.not_after),
+                (issued(s.not_before) + policy.reload_grace).min(old.not_after),
             )
         });
     if let Some((id, at)) = drop
@@ -153,12 +162,16 @@ pub fn next(policy: &Policy, seen: &Observed<'_>) -> Step {
     {
         return Step::DropCa { id };
     }
+    let switch_at = issued(signer.not_before) + policy.recheck;
     let why = match serving {
         None => Some("the Secret holds no serving certificate"),
         Some(s) if !s.key_ok => Some("tls.key is not the serving certificate's key"),
         Some(s) if !s.names_ok => Some("the serving certificate is not valid for the Service"),
         Some(s) if s.issuer != Some(signer.id) => match s.issuer {
-            // The signer is trusted by every webhook (checked above): switch to it.
+            // The signer is trusted by every webhook (checked above), as stored; the API
+            // server's own copy of the configurations follows a moment later, so the switch
+            // waits a re-check after the signer's issue.
+            Some(_) if now < switch_at => None,
             Some(_) => Some("the serving certificate is switched to the new CA"),
             None => Some("no CA of the bundle signed the serving certificate"),
         },
@@ -191,6 +204,9 @@ pub fn next(policy: &Policy, seen: &Observed<'_>) -> Step {
     }
     if let Some((_, at)) = drop {
         until = until.min(at);
+    }
+    if serving.is_some_and(|s| s.issuer.is_some_and(|i| i != signer.id)) {
+        until = until.min(switch_at);
     }
     if alone {
         until = until.min(renew_at(
@@ -226,6 +242,7 @@ mod tests {
     /// seconds after it is asked to be), and what each of two replicas serves (the Secret's
     /// serving certificate, reloaded `reload[i]` seconds after it changed).
     struct World {
+        policy: Policy,
         next_id: u8,
         stored: Stored,
         trusted: Vec<Vec<[u8; 32]>>,
@@ -240,8 +257,9 @@ mod tests {
     }
 
     impl World {
-        fn new(lag: i64, reload: [i64; 2]) -> Self {
+        fn new(policy: Policy, lag: i64, reload: [i64; 2]) -> Self {
             World {
+                policy,
                 next_id: 0,
                 stored: Stored {
                     bundle: Vec::new(),
@@ -262,8 +280,8 @@ mod tests {
             self.next_id += 1;
             let ca = Ca {
                 id: [self.next_id; 32],
-                not_before: now,
-                not_after: now + POLICY.ca_lifetime,
+                not_before: now - BACKDATE,
+                not_after: now + self.policy.ca_lifetime,
             };
             self.cas.push(ca.clone());
             ca
@@ -272,8 +290,8 @@ mod tests {
         fn serve(&mut self, now: i64, signer: &Ca) {
             let s = Serving {
                 issuer: Some(signer.id),
-                not_before: now,
-                not_after: serving_not_after(&POLICY, signer, now),
+                not_before: now - BACKDATE,
+                not_after: serving_not_after(&self.policy, signer, now),
                 names_ok: true,
                 key_ok: true,
             };
@@ -350,7 +368,16 @@ mod tests {
     /// Runs the world from nothing for `seconds`, a step a second; returns the steps taken
     /// (not the waits) and the first refusal, if any, once the first bundle was mended.
     fn run(lag: i64, reload: [i64; 2], seconds: i64) -> (Vec<Step>, Option<String>) {
-        let mut world = World::new(lag, reload);
+        run_with(POLICY, lag, reload, seconds)
+    }
+
+    fn run_with(
+        policy: Policy,
+        lag: i64,
+        reload: [i64; 2],
+        seconds: i64,
+    ) -> (Vec<Step>, Option<String>) {
+        let mut world = World::new(policy, lag, reload);
         let mut steps = Vec::new();
         let mut started = false;
         for now in 1_000..1_000 + seconds {
@@ -367,7 +394,7 @@ mod tests {
                     trusted: &world.trusted,
                     now,
                 };
-                let step = next(&POLICY, &observed);
+                let step = next(&policy, &observed);
                 if let Step::Wait { until } = step {
                     assert!(until > now, "{until} {now}");
                     break;
@@ -420,6 +447,30 @@ mod tests {
     }
 
     #[test]
+    fn lifetimes_of_seconds_renew_at_their_pace_not_at_once() {
+        // The e2e's lifetimes (s29): certificates start BACKDATE before their issue, which
+        // must not count as life already spent.
+        let policy = Policy {
+            ca_lifetime: 27,
+            serving_lifetime: 12,
+            renew_divisor: 3,
+            reload_grace: 3,
+            recheck: 1,
+        };
+        let (steps, refused) = run_with(policy, 0, [1, 1], 270);
+        assert_eq!(refused, None, "{:?}", kinds(&steps));
+        let k = kinds(&steps);
+        let renewals = k.iter().filter(|s| **s == "renew").count();
+        let roll_overs = k.iter().filter(|s| **s == "add-ca").count();
+        // About one renewal each 8 s (a third of 12 left) and a roll-over each 18 s.
+        assert!((25..=45).contains(&renewals), "{renewals} renewals: {k:?}");
+        assert!(
+            (10..=16).contains(&roll_overs),
+            "{roll_overs} roll-overs: {k:?}"
+        );
+    }
+
+    #[test]
     fn the_grace_is_what_keeps_a_slow_replica_trusted() {
         // A replica that reloads later than the grace is refused: the test can fail.
         let (_, refused) = run(0, [0, POLICY.reload_grace + 30], 3 * POLICY.ca_lifetime);
@@ -430,7 +481,7 @@ mod tests {
     fn a_reset_bundle_is_mended_first_and_a_steady_state_waits() {
         let ca = Ca {
             id: [1; 32],
-            not_before: 0,
+            not_before: -BACKDATE,
             not_after: 3_600,
         };
         let stored = Stored {
@@ -438,7 +489,7 @@ mod tests {
             signer: Some(ca.id),
             serving: Some(Serving {
                 issuer: Some(ca.id),
-                not_before: 0,
+                not_before: -BACKDATE,
                 not_after: 600,
                 names_ok: true,
                 key_ok: true,
@@ -456,7 +507,7 @@ mod tests {
             next(&POLICY, &seen(&trusted, 100)),
             Step::Wait { until: 110 }
         );
-        // Renewal is due with a third of 600 s left: at 400.
+        // Renewal is due with a third of 600 s (from the issue at 0) left: at 400.
         assert_eq!(
             next(&POLICY, &seen(&trusted, 395)),
             Step::Wait { until: 400 }

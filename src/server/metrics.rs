@@ -64,6 +64,12 @@ struct SyncLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertStepLabel {
+    step: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabel {
     policy: String,
 }
@@ -154,6 +160,8 @@ pub struct Metrics {
     last_reload: Family<KindLabel, Gauge>,
     backstop_syncs: Family<SyncLabel, Counter>,
     backstop_in_step: Family<PolicyLabel, Gauge>,
+    cert_steps: Family<CertStepLabel, Counter>,
+    ca_expiry: Gauge,
     handles: Handles,
 }
 
@@ -253,6 +261,19 @@ impl Default for Metrics {
             "Whether a kept policy in the cluster (the backstop, or in policy mode the MutatingAdmissionPolicy) is the export of the configuration served (1) or could not be made so (0)",
             backstop_in_step.clone(),
         );
+        // Only with self-managed certificates (`serve --certificates-secret`).
+        let cert_steps = Family::<CertStepLabel, Counter>::default();
+        registry.register(
+            "certificate_steps",
+            "Steps taken on the self-managed certificates, by step (issue, add_ca, renew_serving, drop_ca, mend_bundles, check) and result (done, error); a check is one look at the Secret and the webhook configurations",
+            cert_steps.clone(),
+        );
+        let ca_expiry = Gauge::default();
+        registry.register(
+            "ca_expiry_timestamp_seconds",
+            "When the CA that signs the serving certificate expires (Unix time); 0 when the server does not manage its certificates",
+            ca_expiry.clone(),
+        );
         let build = Family::<BuildLabels, Gauge>::default();
         build
             .get_or_create(&BuildLabels {
@@ -272,6 +293,8 @@ impl Default for Metrics {
             last_reload,
             backstop_syncs,
             backstop_in_step,
+            cert_steps,
+            ca_expiry,
             handles: Handles::default(),
         }
     }
@@ -442,6 +465,19 @@ impl Metrics {
 
     pub fn certificate_expiry(&self, not_after: i64) {
         self.cert_expiry.set(not_after);
+    }
+
+    /// A step taken on the self-managed certificates (`issue`, `add_ca`, `renew_serving`,
+    /// `drop_ca`, `mend_bundles`, or `check` for a look that found nothing to do or failed).
+    pub fn certificate_step(&self, step: &'static str, ok: bool) {
+        let result = if ok { "done" } else { "error" };
+        self.cert_steps
+            .get_or_create(&CertStepLabel { step, result })
+            .inc();
+    }
+
+    pub fn ca_expiry(&self, not_after: i64) {
+        self.ca_expiry.set(not_after);
     }
 
     /// The OpenMetrics text exposition.

@@ -5,6 +5,7 @@
 //! [`crate::engine::review`], and the configuration is read through [`crate::load`]. It may
 //! not import [`crate::cli`]: the `serve` command imports the server, not the other way round.
 
+pub mod certs;
 pub mod cores;
 pub mod drain;
 pub mod metrics;
@@ -109,7 +110,103 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub backstop: BackstopArgs,
     #[command(flatten)]
+    pub certificates: CertificateArgs,
+    #[command(flatten)]
     pub config: ConfigArg,
+}
+
+/// Flags of self-managed certificates (`serve --certificates-secret`).
+#[derive(Debug, Args)]
+pub struct CertificateArgs {
+    /// Look after the serving certificate: a CA and a serving certificate kept in this
+    /// kubernetes.io/tls Secret of the server's namespace (ca.crt, ca.key, tls.crt, tls.key),
+    /// issued when missing or unusable, renewed with a third of its life left, the CA rolled
+    /// over with overlap; and the caBundle of the configurations --ca-bundle-of names kept
+    /// equal to the Secret's CAs (server-side apply of that field only, re-checked every
+    /// --reload-interval). Every replica serves what the Secret holds. Replaces
+    /// --tls-cert-file; needs rights on that Secret and those configurations (the chart's
+    /// default `selfManaged` mode grants them, by name).
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_CERTIFICATES_SECRET",
+        value_name = "NAME",
+        conflicts_with_all = ["tls_cert_file", "policies_only"],
+        requires_all = ["certificate_names", "ca_bundle_of"]
+    )]
+    pub certificates_secret: Option<String>,
+    /// The names the serving certificate is valid for, comma-separated: the Service's DNS
+    /// names the API server dials (an IP address is written as one).
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_CERTIFICATE_NAMES",
+        value_name = "NAME,...",
+        value_delimiter = ','
+    )]
+    pub certificate_names: Vec<String>,
+    /// The webhook configurations whose caBundle is kept, comma-separated: mutating/NAME,
+    /// validating/NAME. The Secret is owned by the mutating one (deleting it deletes the
+    /// Secret).
+    #[arg(
+        long,
+        env = "SIDECAR_INJECTOR_CA_BUNDLE_OF",
+        value_name = "KIND/NAME,...",
+        value_delimiter = ','
+    )]
+    pub ca_bundle_of: Vec<certs::WebhookConfig>,
+    /// Lifetime of each CA the server issues.
+    #[arg(long, env = "SIDECAR_INJECTOR_CA_LIFETIME", value_parser = parse_duration, default_value = "365d")]
+    pub ca_lifetime: Duration,
+    /// Lifetime of each serving certificate (never past its CA's end).
+    #[arg(long, env = "SIDECAR_INJECTOR_SERVING_CERTIFICATE_LIFETIME", value_parser = parse_duration, default_value = "60d")]
+    pub serving_certificate_lifetime: Duration,
+    /// How long an old CA stays trusted after the serving certificate is switched to its
+    /// successor: long enough for every replica to look at the Secret again (at least twice
+    /// --reload-interval).
+    #[arg(long, env = "SIDECAR_INJECTOR_CERTIFICATE_RELOAD_GRACE", value_parser = parse_duration, default_value = "5m")]
+    pub certificate_reload_grace: Duration,
+}
+
+impl CertificateArgs {
+    /// What to look after, or `None` without --certificates-secret. Refuses lifetimes the
+    /// rotation cannot keep without a gap.
+    fn managed(&self, interval: Duration) -> anyhow::Result<Option<certs::Managed>> {
+        let Some(secret) = &self.certificates_secret else {
+            return Ok(None);
+        };
+        let secs = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+        let policy = crate::certs::plan::Policy {
+            ca_lifetime: secs(self.ca_lifetime),
+            serving_lifetime: secs(self.serving_certificate_lifetime),
+            reload_grace: secs(self.certificate_reload_grace),
+            recheck: secs(interval).max(1),
+            ..crate::certs::plan::Policy::default()
+        };
+        if policy.reload_grace < 2 * policy.recheck {
+            anyhow::bail!(
+                "--certificate-reload-grace ({}s) must be at least twice --reload-interval ({}s): every replica looks at the Secret once an interval",
+                policy.reload_grace,
+                policy.recheck
+            );
+        }
+        for (flag, lifetime) in [
+            ("--ca-lifetime", policy.ca_lifetime),
+            ("--serving-certificate-lifetime", policy.serving_lifetime),
+        ] {
+            if lifetime < 3 * policy.reload_grace {
+                anyhow::bail!(
+                    "{flag} ({lifetime}s) must be at least three times --certificate-reload-grace ({}s): a certificate is renewed with a third of its life left, and an old CA must outlast the grace",
+                    policy.reload_grace
+                );
+            }
+        }
+        Ok(Some(certs::Managed {
+            secret: secret.clone(),
+            namespace: crate::load::own_namespace(),
+            names: self.certificate_names.clone(),
+            webhooks: self.ca_bundle_of.clone(),
+            policy,
+        }))
+    }
 }
 
 /// Flags of `serve --backstop` and `serve --mutating-policy`.
@@ -154,7 +251,7 @@ pub struct BackstopArgs {
     pub selection: crate::load::SelectionArgs,
 }
 
-/// Parses `250ms`, `5s`, `2m` or a bare number of seconds.
+/// Parses `250ms`, `5s`, `2m`, `3h`, `30d` or a bare number of seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let (number, unit) = s
@@ -162,12 +259,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .map_or((s, "s"), |i| s.split_at(i));
     let n: f64 = number
         .parse()
-        .map_err(|_| format!("invalid duration {s:?} (examples: 250ms, 5s, 2m)"))?;
+        .map_err(|_| format!("invalid duration {s:?} (examples: 250ms, 5s, 2m, 30d)"))?;
     let secs = match unit {
         "ms" => n / 1000.0,
         "s" => n,
         "m" => n * 60.0,
-        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s or m)")),
+        "h" => n * 3600.0,
+        "d" => n * 86_400.0,
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {s:?} (use ms, s, m, h or d)"
+            ));
+        }
     };
     Duration::try_from_secs_f64(secs).map_err(|e| format!("invalid duration {s:?}: {e}"))
 }
@@ -241,6 +344,8 @@ pub struct Server {
     serving_threads: usize,
     reloader: tokio::task::JoinHandle<()>,
     backstop: Option<tokio::task::JoinHandle<()>>,
+    /// The keeper of self-managed certificates (`--certificates-secret`).
+    keeper: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Server {
@@ -263,8 +368,10 @@ impl Server {
             reload_interval,
             serving_threads,
             backstop,
+            certificates,
             config,
         } = args;
+        let managed = certificates.managed(reload_interval)?;
         let (sources, injector) = match &config.path {
             Some(path) => {
                 let sources = crate::load::Sources::read(path)?;
@@ -299,12 +406,17 @@ impl Server {
             .await
             .with_context(|| format!("cannot listen on {admin_listen}"))?;
         let admin_listen = admin_listener.local_addr()?;
-        let (tls, cert_files) = if policies_only {
-            (None, None)
+        let (tls, cert_files, keeper) = if policies_only {
+            (None, None, None)
         } else {
-            let (tls, listen, cert_files) =
-                webhook_listener(listen, tls_cert_file, tls_key_file, dev_ca_file, &state).await?;
-            (Some((tls, listen)), cert_files)
+            let source = match (managed, tls_cert_file, tls_key_file) {
+                (Some(managed), _, _) => Source::Managed(managed, reload_interval),
+                (None, Some(cert), Some(key)) => Source::Files(tls::CertFiles { cert, key }),
+                (None, _, _) => Source::Development(dev_ca_file),
+            };
+            let (tls, listen, cert_files, keeper) =
+                webhook_listener(listen, source, &state).await?;
+            (Some((tls, listen)), cert_files, keeper)
         };
         let listen = tls.as_ref().map_or(listen, |(_, addr)| *addr);
         let tls = tls.map(|(tls, _)| tls);
@@ -350,6 +462,7 @@ impl Server {
             serving_threads,
             reloader,
             backstop,
+            keeper,
         })
     }
 
@@ -367,6 +480,7 @@ impl Server {
             serving_threads,
             reloader,
             backstop,
+            keeper,
             ..
         } = self;
         let builder = Arc::new(http_builder(header_read_timeout));
@@ -418,35 +532,49 @@ impl Server {
             }
         }
         reloader.abort();
-        if let Some(backstop) = backstop {
-            backstop.abort();
+        for task in backstop.into_iter().chain(keeper) {
+            task.abort();
         }
         admin.abort();
         Ok(())
     }
 }
 
-/// The webhooks' TLS listener, bound, with its certificate: the files given, or a development
-/// certificate whose CA is written to `dev_ca_file`. Also the certificate files the reloader
-/// watches (none for the development certificate).
+/// Where the serving certificate comes from.
+enum Source {
+    /// `--tls-cert-file` and `--tls-key-file`, reloaded when they change.
+    Files(tls::CertFiles),
+    /// `--certificates-secret`: looked after by the server, re-checked every interval.
+    Managed(certs::Managed, Duration),
+    /// Neither: a development certificate whose CA is written to the file given (or a
+    /// temporary one).
+    Development(Option<PathBuf>),
+}
+
+/// The reloader's view of certificate files.
+type Watched = Option<(tls::CertFiles, reload::Tracked, Arc<tls::Resolver>)>;
+
+/// The webhooks' TLS listener, bound, with its certificate from `source`. Also the
+/// certificate files the reloader watches, and the task that looks after self-managed
+/// certificates.
 async fn webhook_listener(
     listen: SocketAddr,
-    tls_cert_file: Option<PathBuf>,
-    tls_key_file: Option<PathBuf>,
-    dev_ca_file: Option<PathBuf>,
-    state: &State,
+    source: Source,
+    state: &Arc<State>,
 ) -> anyhow::Result<(
     (TcpListener, TlsAcceptor),
     SocketAddr,
-    Option<(tls::CertFiles, reload::Tracked, Arc<tls::Resolver>)>,
+    Watched,
+    Option<tokio::task::JoinHandle<()>>,
 )> {
-    let cert_files = match (tls_cert_file, tls_key_file) {
-        (Some(cert), Some(key)) => Some(tls::CertFiles { cert, key }),
-        _ => None,
-    };
-    let loaded = match &cert_files {
-        Some(files) => files.load()?,
-        None => {
+    let (loaded, files, started) = match source {
+        Source::Files(files) => (files.load()?, Some(files), None),
+        Source::Managed(managed, interval) => {
+            let started = certs::start(managed, state).await?;
+            let loaded = started.loaded.clone();
+            (loaded, None, Some((started, interval)))
+        }
+        Source::Development(dev_ca_file) => {
             let dev = tls::dev_cert()?;
             let path = dev_ca_file
                 .unwrap_or_else(|| std::env::temp_dir().join("sidecar-injector-dev-ca.pem"));
@@ -458,7 +586,7 @@ async fn webhook_listener(
                 "no --tls-cert-file given: serving a self-signed development certificate for localhost, 127.0.0.1 and ::1; \
                  its CA is written to ca_file (curl --cacert <ca_file> https://localhost:8443/...). Do not use it in a cluster"
             );
-            dev.loaded
+            (dev.loaded, None, None)
         }
     };
     state.metrics.certificate_expiry(loaded.not_after);
@@ -468,8 +596,16 @@ async fn webhook_listener(
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let listen = tls_listener.local_addr()?;
-    let cert_files = cert_files.map(|f| (f, reload::Tracked::new(loaded.fingerprint), resolver));
-    Ok(((tls_listener, acceptor), listen, cert_files))
+    let keeper = started.map(|(started, interval)| {
+        tokio::spawn(certs::run(
+            started,
+            resolver.clone(),
+            state.clone(),
+            interval,
+        ))
+    });
+    let files = files.map(|f| (f, reload::Tracked::new(loaded.fingerprint), resolver));
+    Ok(((tls_listener, acceptor), listen, files, keeper))
 }
 
 /// The HTTP/1.1 + HTTP/2 connection settings of both listeners: `header_read_timeout`

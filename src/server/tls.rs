@@ -33,6 +33,7 @@ pub enum TlsError {
 }
 
 /// A certificate ready to serve, with what the metrics and the reloader need to know of it.
+#[derive(Clone)]
 pub struct Loaded {
     pub key: Arc<CertifiedKey>,
     /// Seconds since the epoch at which the leaf certificate expires.
@@ -88,7 +89,20 @@ impl CertFiles {
     }
 }
 
-fn fingerprint(cert_pem: &[u8], key_pem: &[u8]) -> [u8; 32] {
+/// A pair held in memory (the self-managed Secret's), checked like files are.
+pub fn from_memory(cert_pem: &[u8], key_pem: &[u8]) -> Result<Loaded, TlsError> {
+    let secret = Path::new("<Secret tls.crt>");
+    from_pem(
+        secret,
+        cert_pem,
+        Path::new("<Secret tls.key>"),
+        key_pem,
+        fingerprint(cert_pem, key_pem),
+    )
+}
+
+/// A hash of a pair's bytes: a reload that reads the same bytes changes nothing.
+pub fn fingerprint(cert_pem: &[u8], key_pem: &[u8]) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(cert_pem);
     h.update([0]);

@@ -269,6 +269,7 @@ pub async fn handshake(url: &str) -> tls::Served {
         Some(hp) => hp,
         None => {
             return tls::Served {
+                managed: None,
                 source: format!("the server at {url}"),
                 from_secret: false,
                 chain: Got::Failed("not an https url with a host".into()),
@@ -282,6 +283,7 @@ pub async fn handshake(url: &str) -> tls::Served {
         Err(_) => Got::Failed(format!("no answer within {DIAL:?}")),
     };
     tls::Served {
+        managed: None,
         source,
         from_secret: false,
         chain,

@@ -248,9 +248,12 @@ async fn secret_chain(
     namespace: &str,
     deployment: &Got<Deployment>,
 ) -> tls::Served {
-    let name = match deployment {
-        Got::Found(d) => tls::secret_name(d),
-        _ => None,
+    let (name, managed) = match deployment {
+        Got::Found(d) => match tls::managed_secret_name(d) {
+            Some(name) => (Some(name), true),
+            None => (tls::secret_name(d), false),
+        },
+        _ => (None, false),
     };
     let Some(name) = name else {
         let why = match deployment {
@@ -265,6 +268,7 @@ async fn secret_chain(
             source: "the TLS Secret".into(),
             from_secret: true,
             chain: why,
+            managed: None,
         };
     };
     let source = format!("Secret {namespace}/{name}");
@@ -278,9 +282,29 @@ async fn secret_chain(
         },
         other => other.absent(),
     };
+    let managed = match (&chain, managed) {
+        (Got::Found(chain), true) => chain.first().and_then(|leaf| managed_of(leaf)),
+        _ => None,
+    };
     tls::Served {
         source,
         from_secret: true,
         chain,
+        managed,
     }
+}
+
+/// Who issued a self-managed serving certificate, and from when the server renews it (the
+/// rule of [`plan`](crate::certs::plan)).
+fn managed_of(leaf: &[u8]) -> Option<tls::Managed> {
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf).ok()?;
+    let validity = cert.validity();
+    Some(tls::Managed {
+        issuer: cert.issuer().to_string(),
+        renews_at: crate::certs::plan::renew_at(
+            validity.not_before.timestamp(),
+            validity.not_after.timestamp(),
+            crate::certs::plan::Policy::default().renew_divisor,
+        ),
+    })
 }

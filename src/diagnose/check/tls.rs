@@ -26,6 +26,31 @@ pub struct Served {
     pub from_secret: bool,
     /// DER, the server's own certificate first.
     pub chain: Got<Vec<Vec<u8>>>,
+    /// Issued by the server itself (`certificates.mode=selfManaged`): by which CA, and from
+    /// when the server renews it.
+    pub managed: Option<Managed>,
+}
+
+/// What `check` says of a certificate the server looks after itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Managed {
+    /// The subject of the CA that signed it.
+    pub issuer: String,
+    /// Seconds since the epoch from which the server renews it.
+    pub renews_at: i64,
+}
+
+/// The Secret the server keeps its own certificate in: the Deployment's first container's
+/// `SIDECAR_INJECTOR_CERTIFICATES_SECRET` (`certificates.mode=selfManaged`).
+pub fn managed_secret_name(deployment: &k8s_openapi::api::apps::v1::Deployment) -> Option<String> {
+    deployment
+        .spec
+        .iter()
+        .flat_map(|s| s.template.spec.iter())
+        .flat_map(|s| s.containers.first())
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == "SIDECAR_INJECTOR_CERTIFICATES_SECRET")
+        .and_then(|e| e.value.clone())
 }
 
 /// The TLS Secret a Deployment mounts: the `secret` volume named `tls` (the chart's), else the
@@ -215,18 +240,30 @@ pub fn expiry(served: &Served, now: u64, warn_days: u32) -> Option<Finding> {
     };
     let left = not_after - i64::try_from(now).unwrap_or(i64::MAX);
     let days = left.div_euclid(86_400);
-    let when = k8s_openapi::jiff::Timestamp::from_second(not_after)
-        .map(|t| t.strftime("%Y-%m-%d %H:%M UTC").to_string())
-        .unwrap_or_else(|_| not_after.to_string());
-    let renew = if served.from_secret {
+    let when_of = |at: i64| {
+        k8s_openapi::jiff::Timestamp::from_second(at)
+            .map(|t| t.strftime("%Y-%m-%d %H:%M UTC").to_string())
+            .unwrap_or_else(|_| at.to_string())
+    };
+    let when = when_of(not_after);
+    let renew = if served.managed.is_some() {
+        "the server renews it itself (certificates.mode=selfManaged): its log and sidecar_injector_certificate_steps_total{result=\"error\"} say why it has not"
+    } else if served.from_secret {
         "renew it (certificates.mode=selfSigned: delete the Secret and helm upgrade; cert-manager renews by itself: see its Certificate's status)"
     } else {
         "renew the server's certificate (the server reloads it in place)"
     };
-    let in_days = format!(
+    let mut in_days = format!(
         "{name} expires on {when}, in {days} day{}",
         if days == 1 { "" } else { "s" }
     );
+    if let Some(m) = &served.managed {
+        in_days.push_str(&format!(
+            "; issued by the server's CA {}, which renews it from {}",
+            m.issuer,
+            when_of(m.renews_at)
+        ));
+    }
     Some(if left <= 0 {
         Finding::fail("expiry", subject, format!("{name} expired on {when}")).fix(renew)
     } else if days < i64::from(warn_days) {
@@ -269,6 +306,7 @@ mod tests {
 
     fn served(chain: Vec<Vec<u8>>) -> Served {
         Served {
+            managed: None,
             source: "Secret si/sidecar-injector-tls".into(),
             from_secret: true,
             chain: Got::Found(chain),
@@ -341,8 +379,30 @@ mod tests {
     }
 
     #[test]
+    fn a_self_managed_certificate_says_who_issued_it_and_when_it_renews() {
+        let p = pki("a.b.svc");
+        let mut s = served(p.chain);
+        s.managed = Some(Managed {
+            issuer: "CN=sidecar-injector CA 1".into(),
+            renews_at: END as i64 - 10 * DAY as i64,
+        });
+        let later = expiry(&s, END - 100 * DAY, WARN_DAYS).expect("a finding");
+        assert_eq!(later.state, State::Pass);
+        assert!(
+            later.message.ends_with(
+                "in 100 days; issued by the server's CA CN=sidecar-injector CA 1, which renews it from 2029-12-22 00:00 UTC"
+            ),
+            "{}",
+            later.message
+        );
+        let soon = expiry(&s, END - 3 * DAY, WARN_DAYS).expect("a finding");
+        assert!(soon.line().contains("selfManaged"), "{}", soon.line());
+    }
+
+    #[test]
     fn an_unreachable_url_fails_unless_the_api_server_reached_it() {
         let s = Served {
+            managed: None,
             source: "the server at 127.0.0.1:8443".into(),
             from_secret: false,
             chain: Got::Failed("connection refused".into()),
