@@ -83,6 +83,10 @@ chart's defaults; another configuration needs its own export. */}}
 {{- define "sidecar-injector.tlsSecretName" -}}
 {{- if eq .Values.certificates.mode "existingSecret" -}}
 {{- .Values.certificates.existingSecret.name -}}
+{{- else if eq .Values.certificates.mode "selfManaged" -}}
+{{- /* Not <fullname>-tls: an upgrade from selfSigned replaces that kubernetes.io/tls Secret
+with this Opaque one, whose type it could not change. */ -}}
+{{- printf "%s-certificates" (include "sidecar-injector.fullname" .) -}}
 {{- else -}}
 {{- printf "%s-tls" (include "sidecar-injector.fullname" .) -}}
 {{- end -}}

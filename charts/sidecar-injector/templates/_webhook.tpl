@@ -57,6 +57,10 @@ clientConfig:
   {{- else }}
   {{- if eq $v.certificates.mode "certManager" }}
   # No caBundle here: cert-manager's cainjector writes it (see the inject-ca-from annotation).
+  {{- else if eq $v.certificates.mode "selfManaged" }}
+  # No caBundle here: the server sets it to the CAs it keeps in its Secret, by server-side
+  # apply of this field alone (field manager sidecar-injector-certificates), and mends it
+  # within 30 s when an upgrade or a sync resets it.
   {{- else }}
   # No caBundle: the URL's certificate is verified against the apiserver's system roots.
   {{- end }}

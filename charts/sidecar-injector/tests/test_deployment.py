@@ -25,7 +25,12 @@ def test_pod_is_locked_down(helm):
 
 
 def test_no_api_access_objects():
-    kinds = render().kinds()
+    # The one grant by default is the self-managed certificates' (test_certificates.py).
+    r = render()
+    names = {d["metadata"]["name"] for d in r.docs
+             if d["kind"] in {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"}}
+    assert names == {"sidecar-injector-certificates"}
+    kinds = render("certificates.mode=selfSigned").kinds()
     assert not {"Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"} & set(kinds)
 
 
@@ -34,7 +39,8 @@ def env(r):
 
 
 def test_environment_matches_the_contract(helm):
-    r = render(helm=helm)
+    assert set(env(render(helm=helm))) <= contract()["env"]
+    r = render("certificates.mode=selfSigned", helm=helm)
     e = env(r)
     assert e["SIDECAR_INJECTOR_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert e["SIDECAR_INJECTOR_CONFIG"]["value"] == "/etc/sidecar-injector/config.yaml"
@@ -77,7 +83,7 @@ def test_shutdown_answers_through_the_delay_within_the_grace_period(helm):
 
 
 def test_config_and_tls_are_whole_directory_mounts(helm):
-    r = render(helm=helm)
+    r = render("certificates.mode=selfSigned", helm=helm)
     mounts = {m["name"]: m for m in r.container["volumeMounts"]}
     assert all("subPath" not in m and "subPathExpr" not in m for m in mounts.values())
     assert all(m["readOnly"] for m in mounts.values())

@@ -65,7 +65,7 @@ def test_rbac_reads_by_name_and_creates_pods_only_where_the_dry_run_goes(helm):
     role = r.one("Role", NAME)
     assert rules(role) == [
         (("",), ("configmaps",), ("get",), (RELEASE,)),
-        (("",), ("secrets",), ("get",), (f"{RELEASE}-tls",)),
+        (("",), ("secrets",), ("get",), (f"{RELEASE}-certificates",)),
         (("apps",), ("deployments",), ("get",), (RELEASE,)),
         (("discovery.k8s.io",), ("endpointslices",), ("list",), ()),
     ]

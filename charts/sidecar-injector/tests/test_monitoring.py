@@ -20,6 +20,7 @@ ALERTS = [
     "SidecarInjectorCertificateExpiring",
     "SidecarInjectorReloadFailing",
     "SidecarInjectorBackstopStale",
+    "SidecarInjectorCertificateStepsFailing",
 ]
 # Metrics the dashboard and the alerts may name that the injector does not export: Prometheus'
 # own per-target series.
