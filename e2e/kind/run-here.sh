@@ -32,7 +32,7 @@ if [[ "${1:-}" == --inside ]]; then
 fi
 
 # What kind proves that the node suite, on the same version, does not: the user's install path
-# (the chart in selfSigned mode, `kind load`, `helm test`, in kind/run.sh), kind's own
+# (the chart with its default selfManaged certificates, `kind load`, `helm test`, in kind/run.sh), kind's own
 # networking (the apiserver dials the Service through kube-proxy: s01, s04, s10, n04; the
 # gateway webhooks: s11), pods that run on its node (n01-n03, n12) and Prometheus through the
 # pod route (n07), and `check` against it (s24). The other scenarios run on the node suite;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The end-to-end scenarios against a kind cluster: the chart as a user installs it (in-cluster
-# Deployment, Service, chart-made certificates), the image built from the top-level Dockerfile.
+# Deployment, Service, certificates the server makes itself), the image built from the
+# top-level Dockerfile.
 # Runs against the Docker engine DOCKER_HOST names (a user's own); `make test-e2e-kind`
 # (e2e/kind/run-here.sh) runs it here, inside a private engine, with a locally made node image.
 #
@@ -10,7 +11,7 @@
 #  3. `docker build`s the image (or `docker load`s E2E_IMAGE_ARCHIVE), makes the node scenarios'
 #     stand-in images from local files (e2e/node/images.sh: busybox-static, no registry), and
 #     `kind load`s them into the cluster,
-#  4. `helm install`s the chart (service mode, certificates.mode=selfSigned),
+#  4. `helm install`s the chart (service mode, its default certificates.mode=selfManaged),
 #  5. waits for the rollout and until a server-side dry-run create comes back injected,
 #  6. with E2E_KIND_HOST_WEBHOOKS=1: a second injector process on the kind network's gateway
 #     address (which the apiserver reaches), with a certificate from a CA of the run, for the
@@ -184,12 +185,11 @@ for tar in "$WORKDIR"/images/*.tar; do
 done
 
 # ---------------------------------------------------------------- the chart (service mode)
-log "helm install $RELEASE (service mode, selfSigned certificates)"
+log "helm install $RELEASE (service mode, the default selfManaged certificates)"
 CHART_VALUES=(
   --set image.repository="docker.io/$IMAGE_REPOSITORY"
   --set image.tag="$IMAGE_TAG"
   --set image.pullPolicy=Never
-  --set certificates.mode=selfSigned
   --set config.values.proxy.image=local/proxy:1
   --set config.values.logShipper.image=local/log-shipper:1
   --set policies.backstop.enabled=false

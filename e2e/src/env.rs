@@ -46,6 +46,10 @@ pub enum Need {
     Prometheus,
     /// Running `sidecar-injector` commands from the suite (`E2E_INJECTOR_BIN`).
     InjectorBin,
+    /// The local control plane, where the suite runs servers of its own on loopback against
+    /// the API server directly (the self-managed certificates' rotation in seconds). The node
+    /// and kind runs leave such scenarios out: what they prove is the in-cluster server.
+    LocalControlPlane,
     /// Two nodes, the second of which the suite can fail and revive (`E2E_NODES=2`,
     /// `E2E_NODE_CTL`: e2e/node/node.sh fail2|revive2). A one-node run leaves these scenarios
     /// out (e2e/node/run.sh).
@@ -197,7 +201,7 @@ impl Env {
                 ),
                 Need::CaKey => (
                     self.ca_key.is_some() && self.ca_cert.is_some() && self.service_dns.is_some(),
-                    "rotating the in-cluster certificate needs the key of the CA that signed it (E2E_CA_KEY, CA_CERT, E2E_SERVICE_DNS): the kind run installs the chart with certificates.mode=selfSigned, as a user would, and helm keeps no key of the CA it makes",
+                    "rotating the in-cluster certificate needs the key of the CA that signed it (E2E_CA_KEY, CA_CERT, E2E_SERVICE_DNS): the kind run installs the chart with its default certificates (selfManaged), as a user would: the server issues and rotates them itself",
                 ),
                 Need::TemplateChange => (
                     match self.mode {
@@ -220,6 +224,17 @@ impl Env {
                         && self.injector_ctl.is_some(),
                     "only the node suite (e2e/node/run.sh) runs a Prometheus scraping the injector",
                 ),
+                Need::LocalControlPlane => {
+                    if self.mode != Mode::Local {
+                        return Ok(Some(
+                            "runs on the local control plane only (e2e/run.sh): the node and kind runs prove the in-cluster server".into(),
+                        ));
+                    }
+                    (
+                        self.injector_bin.is_some(),
+                        "no E2E_INJECTOR_BIN for the suite's own server",
+                    )
+                }
                 Need::TwoNodes => (
                     self.two_nodes && self.node_ctl.is_some() && self.workdir.is_some(),
                     "only the node suite with E2E_NODES=2 has a second node it can fail and revive",

@@ -426,8 +426,8 @@ async fn injector_metrics_each(
     Ok(each)
 }
 
-/// `GET /metrics` over plain HTTP/1.0.
-async fn scrape(address: &str) -> anyhow::Result<String> {
+/// `GET /metrics` of a server's admin `address` over plain HTTP/1.0.
+pub async fn scrape(address: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(address).await?;

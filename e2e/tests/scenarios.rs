@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -1108,27 +1108,34 @@ async fn s14_namespace_opt_in_with_a_pod_opting_out() -> anyhow::Result<()> {
     .await
 }
 
-/// A second server (`revision: canary`) on the suite's host address and its chart release;
-/// both stop when this is dropped (the release is uninstalled by the scenario).
-struct Canary {
+/// A server of the suite's own (`sidecar-injector serve` as a revision of its own) on the
+/// suite's host address; it stops, and its directory goes, when this is dropped (its chart
+/// release is uninstalled by the scenario).
+struct OwnServer {
     process: tokio::process::Child,
     dir: std::path::PathBuf,
+    /// Its admin port on 127.0.0.1 (metrics).
+    admin: u16,
 }
 
-impl Drop for Canary {
+impl Drop for OwnServer {
     fn drop(&mut self) {
         let _ = self.process.start_kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-impl Canary {
-    /// Starts `sidecar-injector serve` with the default configuration as revision `canary`, on
-    /// the suite's host address with the run's certificate for it.
-    async fn start(env: &Env, release_ns: &str) -> anyhow::Result<(Self, u16)> {
+impl OwnServer {
+    /// Starts `sidecar-injector serve` with the default configuration as `revision`, on
+    /// `port` of the suite's host address, with `args` (the certificate's flags) after.
+    async fn start(
+        env: &Env,
+        release_ns: &str,
+        revision: &str,
+        port: u16,
+        args: &[std::ffi::OsString],
+    ) -> anyhow::Result<Self> {
         let bin = env.injector_bin.as_ref().context("no E2E_INJECTOR_BIN")?;
-        let cert = env.injector_cert.as_ref().context("no E2E_INJECTOR_CERT")?;
-        let key = env.injector_key.as_ref().context("no E2E_INJECTOR_KEY")?;
         let host = env.host.as_str();
         let dir = std::env::temp_dir().join(format!("sidecar-injector-e2e-{release_ns}"));
         std::fs::create_dir_all(&dir)?;
@@ -1144,27 +1151,35 @@ impl Canary {
             "the configuration has no `revision: \"\"` line"
         );
         let config = dir.join("config.yaml");
-        std::fs::write(&config, base.replace("revision: \"\"", "revision: canary"))?;
-        let port = closed_port(host).await?;
+        std::fs::write(
+            &config,
+            base.replace("revision: \"\"", &format!("revision: {revision}")),
+        )?;
         let admin = closed_port("127.0.0.1").await?;
         let log = std::fs::File::create(dir.join("server.log"))?;
         let process = tokio::process::Command::new(bin)
             .args(["serve", "--listen", &format!("{host}:{port}")])
             .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-            .arg("--tls-cert-file")
-            .arg(cert)
-            .arg("--tls-key-file")
-            .arg(key)
             .arg("--config")
             .arg(&config)
+            .args(args)
             .env("SIDECAR_INJECTOR_NAMESPACE", release_ns)
             .env("SIDECAR_INJECTOR_LOG_FORMAT", "json")
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(true)
             .spawn()
-            .context("cannot start the canary server")?;
-        Ok((Self { process, dir }, port))
+            .with_context(|| format!("cannot start the {revision} server"))?;
+        Ok(Self {
+            process,
+            dir,
+            admin,
+        })
+    }
+
+    /// Its log so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
 }
 
@@ -1199,7 +1214,20 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
                 .await?;
             let release = "e2e-canary";
             let fullname = "e2e-canary-sidecar-injector-canary";
-            let (server, port) = Canary::start(&cx.env, &release_ns).await?;
+            let cert = cx
+                .env
+                .injector_cert
+                .clone()
+                .context("no E2E_INJECTOR_CERT")?;
+            let key = cx.env.injector_key.clone().context("no E2E_INJECTOR_KEY")?;
+            let port = closed_port(&cx.env.host).await?;
+            let tls = [
+                "--tls-cert-file".into(),
+                cert.into(),
+                "--tls-key-file".into(),
+                key.into(),
+            ];
+            let server = OwnServer::start(&cx.env, &release_ns, "canary", port, &tls).await?;
             let outcome = async {
                 helm_install_url_mode(
                     &cx,
@@ -2672,4 +2700,339 @@ async fn s28_what_inject_writes_the_api_server_takes() -> anyhow::Result<()> {
         Ok(())
     })
     .await
+}
+
+/// The certificates of a PEM text, each block as written.
+fn pem_blocks(pem: &str) -> Vec<String> {
+    pem.split_inclusive("-----END CERTIFICATE-----")
+        .filter_map(|b| {
+            b.find("-----BEGIN CERTIFICATE-----")
+                .map(|i| b[i..].to_owned())
+        })
+        .collect()
+}
+
+/// What the self-managed Secret holds: `ca.crt` and `tls.crt` as text.
+async fn self_managed(
+    secrets: &Api<Secret>,
+    name: &str,
+) -> anyhow::Result<Option<(String, String)>> {
+    let Some(secret) = secrets.get_opt(name).await? else {
+        return Ok(None);
+    };
+    let data = secret.data.unwrap_or_default();
+    let text = |key: &str| {
+        data.get(key)
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+    };
+    for key in ["ca.key", "tls.key"] {
+        ensure!(
+            text(key).is_some_and(|k| k.contains("PRIVATE KEY")),
+            "Secret {name} has no {key}"
+        );
+    }
+    Ok(text("ca.crt").zip(text("tls.crt")))
+}
+
+/// Whether every webhook of both configurations named `name` trusts exactly `ca_crt`.
+async fn bundles_are(cx: &Cx, name: &str, ca_crt: &str) -> anyhow::Result<bool> {
+    let m = mutating(&cx.client).get(name).await?;
+    let v = validating(&cx.client).get(name).await?;
+    let bundles = m
+        .webhooks
+        .iter()
+        .flatten()
+        .map(|w| w.client_config.ca_bundle.as_ref())
+        .chain(
+            v.webhooks
+                .iter()
+                .flatten()
+                .map(|w| w.client_config.ca_bundle.as_ref()),
+        );
+    let mut all = true;
+    for bundle in bundles {
+        all &= bundle.is_some_and(|b| b.0 == ca_crt.as_bytes());
+    }
+    Ok(all)
+}
+
+/// The API server's count of calls to the webhooks whose names start with `prefix` that
+/// failed (refused, or let through by failurePolicy Ignore).
+fn webhook_call_failures(text: &str, prefix: &str) -> f64 {
+    [
+        "apiserver_admission_webhook_rejection_count",
+        "apiserver_admission_webhook_fail_open_count",
+    ]
+    .iter()
+    .map(|metric| {
+        text.lines()
+            .filter(|l| l.starts_with(metric) && l.contains(&format!("name=\"{prefix}")))
+            .filter(|l| !l.contains("error_type=\"no_error\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    })
+    .sum()
+}
+
+/// 29. Self-managed certificates (the chart's default `selfManaged` mode) on a server of the
+/// suite's own, with lifetimes of seconds: the chart renders no caBundle; the server issues
+/// its CA and serving certificate into its Secret and sets both configurations' caBundle; a
+/// caBundle taken out by hand (as a sync would) is set back; under opted-in creations at 10 a
+/// second, serving certificates renew and the CA rolls over (added, switched to, dropped) with
+/// no call refused and every pod injected; `helm uninstall` takes the Secret with it (its
+/// owner reference).
+#[tokio::test]
+async fn s29_self_managed_certificates_rotate_with_nothing_refused() -> anyhow::Result<()> {
+    scenario(
+        "s29-certificates",
+        &[Need::LocalControlPlane, Need::LoopbackWebhooks],
+        |cx| async move {
+            let release_ns = cx.extra_namespace("certs-release", &[]).await?;
+            let ns = cx
+                .extra_namespace(
+                    "certs",
+                    &[(INJECT_LABEL, NAMESPACE_ENABLED), (REVISION_LABEL, "certs")],
+                )
+                .await?;
+            let (release, fullname, secret) = (
+                "e2e-certs",
+                "e2e-certs-sidecar-injector-certs",
+                "e2e-certs-tls",
+            );
+            let host = cx.env.host.clone();
+            let port = closed_port(&host).await?;
+            let chart = cx.env.chart.display().to_string();
+            let url = format!("webhook.url=https://{host}:{port}");
+            cx.helm(&[
+                "install",
+                release,
+                &chart,
+                "--namespace",
+                &release_ns,
+                "--set",
+                &url,
+                "--set",
+                "deployment.enabled=false",
+                "--set",
+                "revision=certs",
+                "--timeout",
+                "60s",
+            ])
+            .await?;
+            let outcome = async {
+                for hook in mutating(&cx.client)
+                    .get(fullname)
+                    .await?
+                    .webhooks
+                    .iter()
+                    .flatten()
+                {
+                    ensure!(
+                        hook.client_config.ca_bundle.is_none(),
+                        "the chart set a caBundle on {}",
+                        hook.name
+                    );
+                }
+                let bundle_of = format!("mutating/{fullname},validating/{fullname}");
+                let args: Vec<std::ffi::OsString> = [
+                    "--certificates-secret",
+                    secret,
+                    "--certificate-names",
+                    &host,
+                    "--ca-bundle-of",
+                    &bundle_of,
+                    "--reload-interval",
+                    "1s",
+                    "--certificate-reload-grace",
+                    "3s",
+                    "--serving-certificate-lifetime",
+                    "12s",
+                    "--ca-lifetime",
+                    "27s",
+                ]
+                .iter()
+                .map(Into::into)
+                .collect();
+                let server = OwnServer::start(&cx.env, &release_ns, "certs", port, &args).await?;
+                let body =
+                    certificates_rotate(&cx, &ns, &release_ns, fullname, secret, &server).await;
+                if body.is_err() {
+                    eprintln!("s29: the server's log:\n{}", server.log());
+                }
+                drop(server);
+                body?;
+                helm_uninstall(&cx, release, &release_ns).await?;
+                let secrets: Api<Secret> = Api::namespaced(cx.client.clone(), &release_ns);
+                eventually("the Secret to go with the release", WAIT, || async {
+                    Ok(secrets.get_opt(secret).await?.is_none().then_some(()))
+                })
+                .await
+            }
+            .await;
+            if outcome.is_err() {
+                let _ = helm_uninstall(&cx, release, &release_ns).await;
+            }
+            let _ = cx.delete_namespace(&ns).await;
+            let _ = cx.delete_namespace(&release_ns).await;
+            outcome
+        },
+    )
+    .await
+}
+
+async fn certificates_rotate(
+    cx: &Cx,
+    ns: &str,
+    release_ns: &str,
+    fullname: &str,
+    secret: &str,
+    server: &OwnServer,
+) -> anyhow::Result<()> {
+    let pods = cx.pods_in(ns);
+    eventually(
+        "the server to issue its certificate and inject",
+        Duration::from_secs(60),
+        || async {
+            Ok(dry_run(&pods, &app_pod("probe"))
+                .await
+                .ok()
+                .filter(|p| status_annotation(p).is_some())
+                .map(drop))
+        },
+    )
+    .await?;
+    let secrets: Api<Secret> = Api::namespaced(cx.client.clone(), release_ns);
+    let stored = secrets.get(secret).await?;
+    let owner = stored.metadata.owner_references.unwrap_or_default();
+    ensure!(
+        owner
+            .iter()
+            .any(|o| o.kind == "MutatingWebhookConfiguration" && o.name == fullname),
+        "Secret {secret} is not owned by the MutatingWebhookConfiguration: {owner:?}"
+    );
+    let (first_ca, _) = self_managed(&secrets, secret).await?.context("no Secret")?;
+    let first_ca = pem_blocks(&first_ca);
+    ensure!(
+        first_ca.len() == 1,
+        "a new Secret holds {} CAs",
+        first_ca.len()
+    );
+
+    // A caBundle taken out, as a sync of the chart's rendering would: set back.
+    let first = mutating(&cx.client).get(fullname).await?;
+    let hook = first
+        .webhooks
+        .iter()
+        .flatten()
+        .next()
+        .context("no webhook")?
+        .name
+        .clone();
+    let remove = json!({"webhooks": [{"name": hook, "clientConfig": {"caBundle": null}}]});
+    mutating(&cx.client)
+        .patch(
+            fullname,
+            &PatchParams::default(),
+            &Patch::Strategic(&remove),
+        )
+        .await?;
+
+    let reset = std::time::Instant::now();
+    eventually(
+        "the caBundle to be set back",
+        Duration::from_secs(15),
+        || async {
+            let (ca, _) = self_managed(&secrets, secret).await?.context("no Secret")?;
+            Ok(bundles_are(cx, fullname, &ca).await?.then_some(()))
+        },
+    )
+    .await?;
+    let mended_in = reset.elapsed();
+
+    // Opted-in creations at 10 a second while certificates renew and the CA rolls over.
+    let before = sidecar_injector_e2e::metrics::scrape(&cx.client).await?;
+    let start = tokio::time::Instant::now();
+    let (mut created, mut failed, mut longest) = (0, Vec::new(), Duration::ZERO);
+    let (mut servings, mut bundles) =
+        (std::collections::BTreeSet::new(), Vec::<Vec<String>>::new());
+    for i in 0..300u32 {
+        tokio::time::sleep_until(start + Duration::from_millis(100) * i).await;
+        let sent = std::time::Instant::now();
+        let answer = dry_run(&pods, &app_pod(&format!("stream-{i}"))).await;
+        longest = longest.max(sent.elapsed());
+        match answer {
+            Ok(pod) if status_annotation(&pod).is_some() => created += 1,
+            Ok(_) => failed.push(format!("stream-{i}: not injected")),
+            Err(e) => failed.push(format!(
+                "stream-{i}: {}",
+                sidecar_injector_e2e::cluster::refusal(&e)
+            )),
+        }
+        if i % 5 == 0 {
+            let (ca, tls) = self_managed(&secrets, secret).await?.context("no Secret")?;
+            servings.insert(tls);
+            let ca = pem_blocks(&ca);
+            if bundles.last() != Some(&ca) {
+                bundles.push(ca);
+            }
+        }
+    }
+    let after = sidecar_injector_e2e::metrics::scrape(&cx.client).await?;
+    let call_failures =
+        webhook_call_failures(&after, "certs.") - webhook_call_failures(&before, "certs.");
+    let own =
+        sidecar_injector_e2e::outdated::scrape(&format!("127.0.0.1:{}", server.admin)).await?;
+    let steps = |step: &str, result: &str| {
+        sidecar_injector_e2e::metrics::sum(
+            &own,
+            "sidecar_injector_certificate_steps_total",
+            &[("step", step), ("result", result)],
+        )
+    };
+    let errors = sidecar_injector_e2e::metrics::sum(
+        &own,
+        "sidecar_injector_certificate_steps_total",
+        &[("result", "error")],
+    );
+    let rolled = bundles.iter().any(|b| b.len() == 2)
+        && bundles.last().is_some_and(|b| !b.contains(&first_ca[0]));
+    println!(
+        "s29: {created} of 300 opted-in creations injected in {:.1} s, longest admission {} ms, {} refused or not injected, {call_failures} failed webhook calls (API server); \
+         {} serving certificates seen, bundles seen {:?} (CAs each), steps: issue {}, renew_serving {}, add_ca {}, drop_ca {}, mend_bundles {}, errors {errors}; caBundle set back in {} ms",
+        start.elapsed().as_secs_f64(),
+        longest.as_millis(),
+        failed.len(),
+        servings.len(),
+        bundles.iter().map(Vec::len).collect::<Vec<_>>(),
+        steps("issue", "done"),
+        steps("renew_serving", "done"),
+        steps("add_ca", "done"),
+        steps("drop_ca", "done"),
+        steps("mend_bundles", "done"),
+        mended_in.as_millis(),
+    );
+    ensure!(
+        failed.is_empty(),
+        "refused or not injected during the rotation: {failed:#?}"
+    );
+    ensure!(
+        call_failures == 0.0,
+        "the API server counts {call_failures} failed calls to the webhooks"
+    );
+    ensure!(
+        servings.len() >= 3,
+        "only {} serving certificates in 30 s of 12 s lifetimes",
+        servings.len()
+    );
+    ensure!(
+        rolled,
+        "no CA roll-over seen (bundles by CA count: {:?})",
+        bundles.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    ensure!(
+        steps("mend_bundles", "done") >= 3.0,
+        "the caBundle was mended fewer than 3 times"
+    );
+    ensure!(errors == 0.0, "{errors} certificate steps failed");
+    Ok(())
 }
