@@ -993,6 +993,8 @@ async fn release_ctl(
 
 /// The chart's values for n08's release: revision b2, one replica, its own template `agent`
 /// (the only default) whose sidecar is named `sidecar`; the server runs `image`, the suite's.
+/// Certificates as by default (`selfManaged`): the server issues its own and sets the
+/// caBundle, and `helm upgrade` leaves that caBundle alone.
 fn b2_values(image: &str, sidecar: &str) -> String {
     let (repository, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
     format!(
@@ -1004,8 +1006,6 @@ image:
   tag: {tag}
   pullPolicy: Never
 logFormat: json
-certificates:
-  mode: selfSigned
 podDisruptionBudget:
   enabled: false
 config:
@@ -1033,7 +1033,9 @@ async fn backstop_state(cx: &Ctx, name: &str) -> anyhow::Result<Option<(String, 
 /// template changed (its sidecar renamed) reaches the running server as a ConfigMap change it
 /// reloads in place: while it does, every opted-in pod is admitted (injected under the old
 /// template or the new one, never refused), and the backstop follows (with the injector
-/// stopped again, the refusal names the new sidecar). `helm uninstall` leaves no policy.
+/// stopped again, the refusal names the new sidecar). `helm uninstall` leaves no policy. The
+/// release's certificates are the chart's default, made by its server: no pod is refused
+/// across the upgrade, so the upgrade kept the caBundle the server set.
 #[tokio::test]
 async fn n08_the_backstop_follows_the_release_configuration() -> anyhow::Result<()> {
     use sidecar_injector_e2e::cluster::{dry_run, refusal};

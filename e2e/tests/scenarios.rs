@@ -2998,7 +2998,7 @@ async fn certificates_rotate(
         && bundles.last().is_some_and(|b| !b.contains(&first_ca[0]));
     println!(
         "s29: {created} of 300 opted-in creations injected in {:.1} s, longest admission {} ms, {} refused or not injected, {call_failures} failed webhook calls (API server); \
-         {} serving certificates seen, bundles seen {:?} (CAs each), steps: issue {}, renew_serving {}, add_ca {}, drop_ca {}, mend_bundles {}, errors {errors}; caBundle set back in {} ms",
+         {} serving certificates seen, bundles seen {:?} (CAs each), steps: issue {}, renew_serving {}, add_ca {}, drop_ca {}, mend_bundles {}, errors {}; caBundle set back in {} ms",
         start.elapsed().as_secs_f64(),
         longest.as_millis(),
         failed.len(),
@@ -3009,6 +3009,7 @@ async fn certificates_rotate(
         steps("add_ca", "done"),
         steps("drop_ca", "done"),
         steps("mend_bundles", "done"),
+        errors.abs(),
         mended_in.as_millis(),
     );
     ensure!(
