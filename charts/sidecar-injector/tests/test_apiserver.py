@@ -177,15 +177,54 @@ def test_self_signed_ca_survives_upgrades(cluster, helm):
                                       "jsonpath={.webhooks[0].clientConfig.caBundle}").stdout
     try:
         cluster.run(*base, "install", release, str(CHART), "--create-namespace",
-                    "--set", "webhook.url=" + UNREACHABLE)
+                    "--set", "webhook.url=" + UNREACHABLE, "--set", "certificates.mode=selfSigned")
         first = ca("mutatingwebhookconfiguration")
         secret = cluster.kubectl("-n", ns, "get", "secret", f"{name}-tls", "-o",
                                  "jsonpath={.data.ca\\.crt}").stdout
         assert first and first == secret
         cluster.run(*base, "upgrade", release, str(CHART), "--set", "webhook.url=" + UNREACHABLE,
-                    "--set", "config.validation.mode=warn")
+                    "--set", "certificates.mode=selfSigned", "--set", "config.validation.mode=warn")
         assert ca("mutatingwebhookconfiguration") == first
         assert ca("validatingwebhookconfiguration") == first
+    finally:
+        cluster.run(*base, "uninstall", release, check=False)
+
+
+def test_an_upgrade_keeps_the_ca_bundle_the_server_set(cluster, helm):
+    """certificates.mode=selfManaged: the server owns caBundle (server-side apply under its own
+    field manager, as src/server/certs.rs writes it); `helm upgrade` with the chart's
+    rendering, which has none, leaves it, with Helm 3's three-way merge and Helm 4 alike."""
+    release = f"sm-{helm}"
+    ns = f"sm-{helm}"
+    name = f"{release}-sidecar-injector"
+    base = [helm, "--namespace", ns]
+    bundle = cluster.ca  # base64 of the run's CA, as a caBundle holds it
+
+    def bundles():
+        out = {}
+        for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
+            got = json.loads(cluster.kubectl("get", kind, name, "-o", "json").stdout)
+            out[kind] = [w["clientConfig"].get("caBundle") for w in got["webhooks"]]
+        return out
+
+    try:
+        cluster.run(*base, "install", release, str(CHART), "--create-namespace",
+                    "--set", "webhook.url=" + UNREACHABLE)
+        assert all(b == [None] * len(b) for b in bundles().values()), bundles()
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            got = json.loads(cluster.kubectl("get", kind.lower(), name, "-o", "json").stdout)
+            patch = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": kind,
+                     "metadata": {"name": name},
+                     "webhooks": [{"name": w["name"], "clientConfig": {"caBundle": bundle}}
+                                  for w in got["webhooks"]]}
+            cluster.kubectl("apply", "--server-side", "--force-conflicts",
+                            "--field-manager", "sidecar-injector-certificates", "-f", "-",
+                            stdin=json.dumps(patch))
+        set_by_server = bundles()
+        assert all(b and all(x == bundle for x in b) for b in set_by_server.values()), set_by_server
+        cluster.run(*base, "upgrade", release, str(CHART), "--set", "webhook.url=" + UNREACHABLE,
+                    "--set", "config.validation.mode=warn")
+        assert bundles() == set_by_server
     finally:
         cluster.run(*base, "uninstall", release, check=False)
 
