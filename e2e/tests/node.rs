@@ -880,9 +880,11 @@ async fn n07_prometheus_sees_the_injector_and_alerts_when_it_is_gone() -> anyhow
                 },
             )
             .await?;
-            // The backstop's metrics exist only where the server keeps one (`serve --backstop`):
-            // the suite's release keeps none (node/values.yaml), so they must have no series.
-            let keeps_backstop = Api::<Deployment>::namespaced(cx.client.clone(), &cx.env.injector_namespace)
+            // The backstop's metrics exist only where the server keeps one (`serve --backstop`),
+            // the certificate steps' only where it manages its certificates
+            // (`--certificates-secret`): the suite's release does neither (node/values.yaml:
+            // no backstop, existingSecret), so they must have no series.
+            let env: Vec<_> = Api::<Deployment>::namespaced(cx.client.clone(), &cx.env.injector_namespace)
                 .get(&cx.env.webhook_config)
                 .await?
                 .spec
@@ -890,7 +892,11 @@ async fn n07_prometheus_sees_the_injector_and_alerts_when_it_is_gone() -> anyhow
                 .into_iter()
                 .flat_map(|s| s.containers)
                 .flat_map(|c| c.env.unwrap_or_default())
+                .collect();
+            let keeps_backstop = env
+                .iter()
                 .any(|e| e.name == "SIDECAR_INJECTOR_BACKSTOP" && e.value.as_deref() == Some("true"));
+            let manages_certificates = env.iter().any(|e| e.name == "SIDECAR_INJECTOR_CERTIFICATES_SECRET");
             for rule in &rules {
                 for selector in selectors(&rule.expr) {
                     let metric = metric_of(&selector)?;
@@ -903,6 +909,12 @@ async fn n07_prometheus_sees_the_injector_and_alerts_when_it_is_gone() -> anyhow
                         let found = prometheus.query(&metric).await?.len();
                         ensure!(found == 0, "{}: {metric} has {found} series, but the release keeps no backstop", rule.alert);
                         println!("alert {}: {metric} has no series: the release keeps no backstop (policies.backstop.enabled: false)", rule.alert);
+                        continue;
+                    }
+                    if metric.starts_with("sidecar_injector_certificate_steps") && !manages_certificates {
+                        let found = prometheus.query(&metric).await?.len();
+                        ensure!(found == 0, "{}: {metric} has {found} series, but the release's server does not manage its certificates", rule.alert);
+                        println!("alert {}: {metric} has no series: the release's certificates are not self-managed (certificates.mode: existingSecret)", rule.alert);
                         continue;
                     }
                     eventually(
