@@ -31,6 +31,9 @@ def test_self_managed_is_the_default_and_renders_no_key(helm):
     assert (e["SIDECAR_INJECTOR_CA_LIFETIME"], e["SIDECAR_INJECTOR_SERVING_CERTIFICATE_LIFETIME"],
             e["SIDECAR_INJECTOR_CERTIFICATE_RELOAD_GRACE"]) == ("365d", "60d", "5m")
     assert "SIDECAR_INJECTOR_TLS_CERT_FILE" not in e
+    # It calls the API server, with backstop or without (kind's run has none).
+    for sets in ((), ("policies.backstop.enabled=false",)):
+        assert render(*sets, helm=helm).pod_spec["automountServiceAccountToken"] is True
     assert "tls" not in {v["name"] for v in r.pod_spec["volumes"]}
     assert not {"Certificate", "Issuer"} & set(r.kinds())
 

@@ -72,7 +72,9 @@ def test_the_server_keeps_the_backstop_where_the_cluster_has_the_api(sets):
 
 
 def test_no_backstop_no_token():
-    for out in (render(), render("policies.backstop.enabled=false", api_versions=VAP)):
+    for out in (render("certificates.mode=selfSigned"),
+                render("policies.backstop.enabled=false", "certificates.mode=selfSigned",
+                       api_versions=VAP)):
         deployment = out.one("Deployment")
         assert "SIDECAR_INJECTOR_BACKSTOP" not in env_of(deployment)
         assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
