@@ -54,6 +54,10 @@ pub enum Need {
     /// `E2E_NODE_CTL`: e2e/node/node.sh fail2|revive2). A one-node run leaves these scenarios
     /// out (e2e/node/run.sh).
     TwoNodes,
+    /// The node's containers are processes of this machine that the suite (root, in the same
+    /// PID namespace) can signal: the node suite (e2e/node/run.sh). The kind run leaves these
+    /// scenarios out, counted: what they prove does not differ there.
+    NodeProcesses,
 }
 
 /// The environment of one run.
@@ -239,13 +243,22 @@ impl Env {
                     self.two_nodes && self.node_ctl.is_some() && self.workdir.is_some(),
                     "only the node suite with E2E_NODES=2 has a second node it can fail and revive",
                 ),
+                Need::NodeProcesses => (
+                    self.mode == Mode::Node,
+                    "kept to the node suite (e2e/node/run.sh), whose containers are processes the suite can signal; kind runs the same version and this does not differ there",
+                ),
             };
             // Pods never run without a node: in local mode that is a reason, not a runner error.
             if !present
                 && self.mode == Mode::Local
                 && matches!(
                     need,
-                    Need::Node | Need::PodNetwork | Need::CaKey | Need::Prometheus | Need::TwoNodes
+                    Need::Node
+                        | Need::PodNetwork
+                        | Need::CaKey
+                        | Need::Prometheus
+                        | Need::TwoNodes
+                        | Need::NodeProcesses
                 )
             {
                 return Ok(Some(kind_reason.into()));

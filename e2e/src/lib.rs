@@ -17,9 +17,11 @@
 //! - [`prometheus`]: the node suite's Prometheus, and the chart's dashboard and rule queries.
 //! - [`policies`]: the admission policies `sidecar-injector export` writes, installed for a
 //!   scenario, and a second server serving their configuration.
+//! - [`certs`]: self-managed certificates: the server's Secret, both caBundles, failed calls.
 
 pub mod adder;
 pub mod audit;
+pub mod certs;
 pub mod check;
 pub mod cluster;
 pub mod env;

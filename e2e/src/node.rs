@@ -2,6 +2,7 @@
 //! through the apiserver, the injector's own Deployment and its pods, a steady stream of pod
 //! creations that counts every refusal, and the certificate a server pod really serves.
 
+use std::os::unix::ffi::OsStrExt as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -158,6 +159,8 @@ pub struct StreamReport {
     pub failures: Vec<String>,
     /// Pods stored without the status annotation.
     pub not_injected: Vec<String>,
+    /// The longest a creation took, from the request to the API server's answer.
+    pub longest: Duration,
 }
 
 /// Opted-in pods created one after another at a fixed pace until stopped (and at most `limit`),
@@ -170,7 +173,22 @@ pub struct PodStream {
 
 impl PodStream {
     pub fn start(client: &Client, ns: &str, every: Duration, limit: usize) -> Self {
+        Self::start_labelled(client, ns, every, limit, &[])
+    }
+
+    /// As [`PodStream::start`], each pod also carrying `labels` (a revision's, say).
+    pub fn start_labelled(
+        client: &Client,
+        ns: &str,
+        every: Duration,
+        limit: usize,
+        labels: &[(&str, &str)],
+    ) -> Self {
         let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+        let labels: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
@@ -187,8 +205,14 @@ impl PodStream {
                     spec.node_selector =
                         Some([(NEVER_SCHEDULED.0.to_owned(), NEVER_SCHEDULED.1.to_owned())].into());
                 }
-                let pod = labelled(pod, "e2e.sidecar-injector.io/stream", "true");
-                match pods.create(&PostParams::default(), &pod).await {
+                let pod = labels.iter().fold(
+                    labelled(pod, "e2e.sidecar-injector.io/stream", "true"),
+                    |pod, (k, v)| labelled(pod, k, v),
+                );
+                let sent = std::time::Instant::now();
+                let answer = pods.create(&PostParams::default(), &pod).await;
+                report.longest = report.longest.max(sent.elapsed());
+                match answer {
                     Ok(stored) => {
                         report.created += 1;
                         if status_annotation(&stored).is_none() {
@@ -367,4 +391,48 @@ pub fn refusal_kind(message: &str) -> String {
         "refused"
     };
     format!("{hook} webhook: {why}")
+}
+
+/// Sends SIGKILL to the process of the pod with `pod_uid` whose command line starts with a
+/// program named `program`, and returns its pid. On the suite's own node (e2e/node/run.sh)
+/// the containers' processes share the suite's PID namespace, and each one's cgroup path
+/// names its pod (`pod<uid>`: the kubelet's cgroupfs layout; `pod<uid with _>` under systemd).
+pub async fn sigkill_in_pod(pod_uid: &str, program: &str) -> anyhow::Result<u32> {
+    let marks = [
+        format!("pod{pod_uid}"),
+        format!("pod{}", pod_uid.replace('-', "_")),
+    ];
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc")?.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A process may end while it is read: it is then not the one.
+        let (Ok(cgroup), Ok(cmdline)) = (
+            std::fs::read_to_string(entry.path().join("cgroup")),
+            std::fs::read(entry.path().join("cmdline")),
+        ) else {
+            continue;
+        };
+        let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        let named = std::path::Path::new(std::ffi::OsStr::from_bytes(argv0))
+            .file_name()
+            .is_some_and(|n| n == program);
+        if named && marks.iter().any(|m| cgroup.contains(m.as_str())) {
+            found.push(pid);
+        }
+    }
+    let [pid] = found[..] else {
+        anyhow::bail!("expected one {program} process of pod {pod_uid}, found {found:?}");
+    };
+    let status = tokio::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .await?;
+    anyhow::ensure!(status.success(), "kill -KILL {pid}: {status}");
+    Ok(pid)
 }

@@ -2272,3 +2272,355 @@ async fn n12_jobs_and_cronjobs_complete_with_their_sidecars() -> anyhow::Result<
     })
     .await
 }
+
+/// n13's release: its name, revision and the lifetimes of its certificates. A CA of 90 s gets
+/// its successor with 30 s left; serving certificates of 36 s renew every 24 s; an old CA leaves
+/// the bundles 6 s after the switch; every replica looks every 2 s.
+const C3: &str = "e2e-c3";
+const C3_REVISION: &str = "c3";
+const C3_CA_LIFETIME: u64 = 90;
+const C3_SERVING_LIFETIME: u64 = 36;
+const C3_GRACE: u64 = 6;
+const C3_RECHECK: u64 = 2;
+
+/// The chart's values for n13's release: the chart's default certificates (`selfManaged`) with
+/// the lifetimes above, two replicas, the mutating failurePolicy Fail (the validating one is
+/// Fail by default), revision c3 and its own template `agent`, the only default.
+fn c3_values(image: &str) -> String {
+    let (repository, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+    format!(
+        r#"fullnameOverride: {C3}
+revision: {C3_REVISION}
+replicaCount: 2
+image:
+  repository: {repository}
+  tag: {tag}
+  pullPolicy: Never
+logFormat: json
+podDisruptionBudget:
+  enabled: false
+server:
+  recheckInterval: {C3_RECHECK}s
+webhook:
+  mutating:
+    failurePolicy: Fail
+certificates:
+  selfManaged:
+    caLifetime: {C3_CA_LIFETIME}s
+    servingLifetime: {C3_SERVING_LIFETIME}s
+    reloadGrace: {C3_GRACE}s
+config:
+  defaultTemplates: [agent]
+extraTemplates:
+  agent: |
+    containers:
+      - name: agent
+        image: {BUSYBOX}
+        command: [sleep, "3600"]
+"#
+    )
+}
+
+/// The sum over the release's ready replicas of `sidecar_injector_certificate_steps_total`
+/// with `labels`, read from each pod's admin port.
+async fn certificate_steps(
+    cx: &Ctx,
+    release_ns: &str,
+    labels: &[(&str, &str)],
+) -> anyhow::Result<f64> {
+    let mut sum = 0.0;
+    for pod in injector_pods(&cx.client, release_ns, C3).await? {
+        let ip = pod
+            .status
+            .and_then(|s| s.pod_ip)
+            .context("an injector pod without an IP")?;
+        let text = sidecar_injector_e2e::outdated::scrape(&format!("{ip}:8080")).await?;
+        sum += sidecar_injector_e2e::metrics::sum(
+            &text,
+            "sidecar_injector_certificate_steps_total",
+            labels,
+        );
+    }
+    Ok(sum)
+}
+
+/// The names of every webhook of the configurations named `name`.
+async fn webhook_names(cx: &Ctx, name: &str) -> anyhow::Result<Vec<String>> {
+    use sidecar_injector_e2e::webhooks::{mutating, validating};
+    let m = mutating(&cx.client).get(name).await?;
+    let v = validating(&cx.client).get(name).await?;
+    Ok(m.webhooks
+        .iter()
+        .flatten()
+        .map(|w| w.name.clone())
+        .chain(v.webhooks.iter().flatten().map(|w| w.name.clone()))
+        .collect())
+}
+
+/// n13. The chart's default certificates in the cluster, with lifetimes of a minute and a half:
+/// the release's two replicas issue a CA and serving certificate into their Secret (owned by
+/// the MutatingWebhookConfiguration) and set both caBundles; a caBundle taken out by hand (as a
+/// GitOps sync of the chart's render would) is set back and counted
+/// (`sidecar_injector_certificate_steps_total{step="mend_bundles"}`); under opted-in creations
+/// at 10 a second (as n04), serving certificates renew and the CA rolls over (successor added,
+/// serving switched, old CA dropped) with not one creation refused, every pod stored injected
+/// and no failed webhook call in the API server's own count; at the next roll-over, one replica
+/// SIGKILLed the moment the successor CA is stored leaves a state that is finished (one CA, in
+/// both bundles, served by both replicas); `helm uninstall` takes the Secret.
+#[tokio::test]
+async fn n13_self_managed_certificates_roll_over_in_the_cluster() -> anyhow::Result<()> {
+    scenario(
+        "n13-certificates-roll-over",
+        &[Need::Node, Need::PodNetwork, Need::NodeProcesses],
+        |cx| async move {
+            let release_ns = cx.extra_namespace("c3", &[]).await?;
+            let dir = tempfile::tempdir()?;
+            let values = dir.path().join("c3.yaml");
+            std::fs::write(&values, c3_values(&suite_image(&cx).await?))?;
+            let body =
+                certificates_roll_over(&cx, &release_ns, &values.display().to_string()).await;
+            release_cleanup(&cx, C3, &release_ns, body).await
+        },
+    )
+    .await
+}
+
+async fn certificates_roll_over(cx: &Ctx, release_ns: &str, values: &str) -> anyhow::Result<()> {
+    use sidecar_injector_e2e::certs::{
+        bundles_are, pem_blocks, self_managed, webhook_call_failures,
+    };
+    use sidecar_injector_e2e::cluster::dry_run;
+    use sidecar_injector_e2e::node::sigkill_in_pod;
+    use sidecar_injector_e2e::pods::{REVISION_LABEL, labelled, opted_in, status_annotation};
+    use sidecar_injector_e2e::webhooks::mutating;
+    let chart = cx.env.chart.display().to_string();
+    let secret = format!("{C3}-certificates");
+    let dns = format!("{C3}.{release_ns}.svc");
+    let secrets: Api<Secret> = Api::namespaced(cx.client.clone(), release_ns);
+    let pods = cx.pods();
+    let c3_pod = |name: &str| labelled(opted_in(name), REVISION_LABEL, C3_REVISION);
+    let stored = || async {
+        let (ca, tls) = self_managed(&secrets, &secret)
+            .await?
+            .context("the Secret holds no certificates")?;
+        anyhow::Ok((pem_blocks(&ca), ca, tls))
+    };
+
+    cx.helm(&[
+        "install",
+        C3,
+        &chart,
+        "-n",
+        release_ns,
+        "-f",
+        values,
+        "--wait",
+        "--timeout",
+        "120s",
+    ])
+    .await?;
+    let installed = tokio::time::Instant::now();
+    eventually(
+        "the release's replicas to issue and inject",
+        WAIT_LONG,
+        || async {
+            Ok(dry_run(&pods, &c3_pod("probe"))
+                .await
+                .ok()
+                .filter(|p| status_annotation(p).is_some())
+                .map(drop))
+        },
+    )
+    .await?;
+    let owner = secrets
+        .get(&secret)
+        .await?
+        .metadata
+        .owner_references
+        .unwrap_or_default();
+    ensure!(
+        owner
+            .iter()
+            .any(|o| o.kind == "MutatingWebhookConfiguration" && o.name == C3),
+        "Secret {secret} is not owned by the MutatingWebhookConfiguration: {owner:?}"
+    );
+    let (first, _, _) = stored().await?;
+    ensure!(first.len() == 1, "a new Secret holds {} CAs", first.len());
+    let hooks = webhook_names(cx, C3).await?;
+
+    // A caBundle taken out by hand, as a sync of the chart's render would: set back, counted.
+    let mend = [("step", "mend_bundles"), ("result", "done")];
+    let mended_before = certificate_steps(cx, release_ns, &mend).await?;
+    let hook = hooks.first().context("no webhook")?;
+    mutating(&cx.client)
+        .patch(
+            C3,
+            &PatchParams::default(),
+            &Patch::Strategic(
+                &json!({"webhooks": [{"name": hook, "clientConfig": {"caBundle": null}}]}),
+            ),
+        )
+        .await?;
+    let reset = tokio::time::Instant::now();
+    eventually(
+        "the caBundle to be set back",
+        Duration::from_secs(20),
+        || async {
+            let (_, ca, _) = stored().await?;
+            Ok(bundles_are(&cx.client, C3, &ca).await?.then_some(()))
+        },
+    )
+    .await?;
+    let mended_in = reset.elapsed();
+    let mended = eventually(
+        "the mend to be counted",
+        Duration::from_secs(10),
+        || async {
+            let now = certificate_steps(cx, release_ns, &mend).await?;
+            Ok((now > mended_before).then_some(now - mended_before))
+        },
+    )
+    .await?;
+
+    // Opted-in creations at 10 a second while serving certificates renew and the CA rolls over.
+    let metrics_before = sidecar_injector_e2e::metrics::scrape(&cx.client).await?;
+    let stream = PodStream::start_labelled(
+        &cx.client,
+        &cx.ns,
+        STREAM_EVERY,
+        STREAM_LIMIT,
+        &[(REVISION_LABEL, C3_REVISION)],
+    );
+    let streamed = tokio::time::Instant::now();
+    let (mut servings, mut bundles) = (std::collections::BTreeSet::new(), Vec::<usize>::new());
+    let roll_over = Duration::from_secs(C3_CA_LIFETIME + 4 * C3_GRACE);
+    let watched = async {
+        loop {
+            let (cas, ca, tls) = stored().await?;
+            servings.insert(tls);
+            if bundles.last() != Some(&cas.len()) {
+                bundles.push(cas.len());
+            }
+            let dropped = bundles.contains(&2) && cas.len() == 1 && cas[0] != first[0];
+            if dropped && servings.len() >= 3 && bundles_are(&cx.client, C3, &ca).await? {
+                return anyhow::Ok(cas);
+            }
+            ensure!(
+                installed.elapsed() < roll_over,
+                "no CA roll-over in {roll_over:?} (CAs in the Secret by turns: {bundles:?}; {} serving certificates)",
+                servings.len()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+    .await;
+    if watched.is_ok() {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let report = stream.stop().await?;
+    let second = watched?;
+    let metrics_after = sidecar_injector_e2e::metrics::scrape(&cx.client).await?;
+    let call_failures: f64 = hooks
+        .iter()
+        .map(|h| {
+            webhook_call_failures(&metrics_after, h) - webhook_call_failures(&metrics_before, h)
+        })
+        .sum();
+    println!(
+        "n13: {} opted-in creations in {:.1} s across {} serving certificates and a CA roll-over (CAs in the Secret by turns {bundles:?}): {} refused, {} not injected, longest admission {} ms, {call_failures} failed webhook calls (API server); caBundle set back {} ms after it was taken out (mend_bundles +{mended})",
+        report.created,
+        streamed.elapsed().as_secs_f64(),
+        servings.len(),
+        report.failures.len(),
+        report.not_injected.len(),
+        report.longest.as_millis(),
+        mended_in.as_millis(),
+    );
+    check_stream(&report, "renewals and a CA roll-over")?;
+    ensure!(
+        call_failures == 0.0,
+        "the API server counts {call_failures} failed calls to the release's webhooks"
+    );
+
+    // The next roll-over: a replica SIGKILLed the moment the successor CA is stored.
+    let (added, added_text) = eventually("the next successor CA", roll_over, || async {
+        let (cas, ca, _) = stored().await?;
+        Ok((cas.len() == 2).then_some((cas, ca)))
+    })
+    .await?;
+    let successor = added
+        .iter()
+        .find(|c| **c != second[0])
+        .cloned()
+        .context("the two CAs stored do not include the one rolled over to")?;
+    let mut replicas = injector_pods(&cx.client, release_ns, C3).await?;
+    replicas.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let victim = replicas.first().context("no replica to kill")?;
+    let (victim_name, victim_uid) = (
+        victim.metadata.name.clone().unwrap_or_default(),
+        victim.metadata.uid.clone().unwrap_or_default(),
+    );
+    let bundles_then = bundles_are(&cx.client, C3, &added_text).await?;
+    let pid = sigkill_in_pod(&victim_uid, "sidecar-injector").await?;
+    let killed = tokio::time::Instant::now();
+    println!(
+        "n13: SIGKILLed {victim_name} (pid {pid}) with 2 CAs in the Secret; both bundles holding both then: {bundles_then}"
+    );
+    let finished = eventually(
+        "the roll-over finished after the kill",
+        roll_over,
+        || async {
+            let (cas, ca, _) = stored().await?;
+            if cas != [successor.clone()] || !bundles_are(&cx.client, C3, &ca).await? {
+                return Ok(None);
+            }
+            let ready = injector_pods(&cx.client, release_ns, C3).await?;
+            if ready.len() != 2 {
+                return Ok(None);
+            }
+            for pod in &ready {
+                let ip = pod
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.pod_ip.clone())
+                    .context("no pod IP")?;
+                served_certificate(&ip, 8443, &dns, ca.as_bytes()).await?;
+            }
+            Ok(Some(ready))
+        },
+    )
+    .await?;
+    let restarts: i32 = finished
+        .iter()
+        .filter(|p| p.metadata.uid.as_deref() == Some(&victim_uid))
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .map(|c| c.restart_count)
+        .sum();
+    ensure!(
+        restarts >= 1,
+        "the killed replica {victim_name} shows no restart"
+    );
+    println!(
+        "n13: after the kill, the roll-over finished: one CA in the Secret and both bundles, served by both replicas {} ms after the kill; {victim_name} restarted {restarts} time(s)",
+        killed.elapsed().as_millis(),
+    );
+
+    cx.helm(&[
+        "uninstall",
+        C3,
+        "-n",
+        release_ns,
+        "--wait",
+        "--timeout",
+        "120s",
+    ])
+    .await?;
+    eventually("the Secret to go with the release", WAIT_LONG, || async {
+        Ok(secrets.get_opt(&secret).await?.is_none().then_some(()))
+    })
+    .await
+}

@@ -13,6 +13,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use sidecar_injector_e2e::adder::{ADDED_PORT, Adder};
+use sidecar_injector_e2e::certs::{bundles_are, pem_blocks, self_managed, webhook_call_failures};
 use sidecar_injector_e2e::check::check;
 use sidecar_injector_e2e::cluster::{WAIT, accepts, dry_run, rejects, scenario};
 use sidecar_injector_e2e::env::{Env, Mode, Need};
@@ -2702,78 +2703,6 @@ async fn s28_what_inject_writes_the_api_server_takes() -> anyhow::Result<()> {
     .await
 }
 
-/// The certificates of a PEM text, each block as written.
-fn pem_blocks(pem: &str) -> Vec<String> {
-    pem.split_inclusive("-----END CERTIFICATE-----")
-        .filter_map(|b| {
-            b.find("-----BEGIN CERTIFICATE-----")
-                .map(|i| b[i..].to_owned())
-        })
-        .collect()
-}
-
-/// What the self-managed Secret holds: `ca.crt` and `tls.crt` as text.
-async fn self_managed(
-    secrets: &Api<Secret>,
-    name: &str,
-) -> anyhow::Result<Option<(String, String)>> {
-    let Some(secret) = secrets.get_opt(name).await? else {
-        return Ok(None);
-    };
-    let data = secret.data.unwrap_or_default();
-    let text = |key: &str| {
-        data.get(key)
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-    };
-    for key in ["ca.key", "tls.key"] {
-        ensure!(
-            text(key).is_some_and(|k| k.contains("PRIVATE KEY")),
-            "Secret {name} has no {key}"
-        );
-    }
-    Ok(text("ca.crt").zip(text("tls.crt")))
-}
-
-/// Whether every webhook of both configurations named `name` trusts exactly `ca_crt`.
-async fn bundles_are(cx: &Cx, name: &str, ca_crt: &str) -> anyhow::Result<bool> {
-    let m = mutating(&cx.client).get(name).await?;
-    let v = validating(&cx.client).get(name).await?;
-    let bundles = m
-        .webhooks
-        .iter()
-        .flatten()
-        .map(|w| w.client_config.ca_bundle.as_ref())
-        .chain(
-            v.webhooks
-                .iter()
-                .flatten()
-                .map(|w| w.client_config.ca_bundle.as_ref()),
-        );
-    let mut all = true;
-    for bundle in bundles {
-        all &= bundle.is_some_and(|b| b.0 == ca_crt.as_bytes());
-    }
-    Ok(all)
-}
-
-/// The API server's count of calls to the webhooks whose names start with `prefix` that
-/// failed (refused, or let through by failurePolicy Ignore).
-fn webhook_call_failures(text: &str, prefix: &str) -> f64 {
-    [
-        "apiserver_admission_webhook_rejection_count",
-        "apiserver_admission_webhook_fail_open_count",
-    ]
-    .iter()
-    .map(|metric| {
-        text.lines()
-            .filter(|l| l.starts_with(metric) && l.contains(&format!("name=\"{prefix}")))
-            .filter(|l| !l.contains("error_type=\"no_error\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    })
-    .sum()
-}
-
 /// 29. Self-managed certificates (the chart's default `selfManaged` mode) on a server of the
 /// suite's own, with lifetimes of seconds: the chart renders no caBundle; the server issues
 /// its CA and serving certificate into its Secret and sets both configurations' caBundle; a
@@ -2943,7 +2872,7 @@ async fn certificates_rotate(
         Duration::from_secs(15),
         || async {
             let (ca, _) = self_managed(&secrets, secret).await?.context("no Secret")?;
-            Ok(bundles_are(cx, fullname, &ca).await?.then_some(()))
+            Ok(bundles_are(&cx.client, fullname, &ca).await?.then_some(()))
         },
     )
     .await?;

@@ -60,7 +60,7 @@ clientConfig:
   {{- else if eq $v.certificates.mode "selfManaged" }}
   # No caBundle here: the server sets it to the CAs it keeps in its Secret, by server-side
   # apply of this field alone (field manager sidecar-injector-certificates), and mends it
-  # within 30 s when an upgrade or a sync resets it.
+  # within one re-check (server.recheckInterval) when an upgrade or a sync resets it.
   {{- else }}
   # No caBundle: the URL's certificate is verified against the apiserver's system roots.
   {{- end }}

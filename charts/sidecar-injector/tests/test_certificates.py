@@ -77,6 +77,15 @@ def test_self_managed_lifetimes_are_checked():
     assert "caLifetime" in render_error("certificates.selfManaged.caLifetime=a year")
 
 
+def test_recheck_interval_reaches_the_server(helm):
+    # How soon a reset caBundle is mended, a Secret's new certificate served: every mode.
+    assert env(render(helm=helm))["SIDECAR_INJECTOR_RELOAD_INTERVAL"] == "30s"
+    for sets in (("server.recheckInterval=2s",),
+                 ("server.recheckInterval=2s", "certificates.mode=selfSigned")):
+        assert env(render(*sets, helm=helm))["SIDECAR_INJECTOR_RELOAD_INTERVAL"] == "2s"
+    assert "recheckInterval" in render_error("server.recheckInterval=2 days")
+
+
 def test_self_signed(helm):
     r = render("certificates.mode=selfSigned", helm=helm)
     secret = r.one("Secret")
