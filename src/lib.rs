@@ -4,7 +4,7 @@
 //! - [`engine`] decides everything and does no I/O: a review (read through the borrowed
 //!   [`view`]) or a manifest, and a checked [`config`], go in; a patch, a verdict or the text a
 //!   command prints comes out ([`engine::context`], [`template`], [`overrides`], [`inject`],
-//!   [`validate`], [`review`], [`manifest`], [`explain`]).
+//!   [`validate`], [`review`], [`manifest`], [`explain`], [`uninject`]).
 //! - [`diagnose`] judges what was read of a cluster, with the engine's decisions and no I/O
 //!   either: [`outdated`] a cluster's pods, [`diagnose::check`] an installation.
 //! - [`export`] writes the configuration as admission policies that run inside the API server
@@ -13,8 +13,9 @@
 //! - [`certs`]: when the certificates the server manages itself are issued, renewed and
 //!   rolled over, decided without I/O (the server takes the steps).
 //! - [`server`]: the webhook and admin servers (sockets, TLS, reloads, limits, shutdown).
-//! - [`cli`]: the commands, `serve`, `inject`, `review`, `explain`, `outdated`, `export` and
-//!   `check` (whose API-server calls live in [`cli::outdated`] and [`cli::check`]).
+//! - [`cli`]: the commands, `serve`, `inject`, `uninject`, `review`, `explain`, `outdated`,
+//!   `export` and `check` (whose API-server calls live in [`cli::outdated`] and
+//!   [`cli::check`]).
 //! - [`load`]: reading a configuration and its templates from files, for both shells.
 //!
 //! The shells import the engine, never the reverse, so the webhook server, the validator and
@@ -30,7 +31,7 @@ pub mod load;
 pub mod server;
 
 pub use engine::{
-    config, explain, inject, manifest, memo, overrides, review, template, validate, view,
+    config, explain, inject, manifest, memo, overrides, review, template, uninject, validate, view,
 };
 
 pub use diagnose::outdated;

@@ -1241,3 +1241,105 @@ spec:
     );
     assert_eq!(report.matches("  ! ").count(), 3, "{report}");
 }
+
+// === uninject ===
+
+/// `inject` then `uninject` through the binary: every document reads back as the input's,
+/// the documents `inject` left alone are written back byte for byte, and standard error says
+/// what was removed from which document and why the others were left as they are.
+#[test]
+fn uninject_takes_out_what_inject_added() {
+    let path = input("manifests/workloads.yaml");
+    let text = read(&path);
+    let injected = stdout(&run(&["inject", "-f", path.to_str().expect("UTF-8 path")]));
+    let out = run_with_stdin(&["uninject", "-f", "-"], injected.as_bytes());
+    let err = stderr(&out);
+    assert!(out.status.success(), "status {}\nstderr: {err}", out.status);
+    let undone = stdout(&out);
+
+    let (before, middle, after) = (documents(&text), documents(&injected), documents(&undone));
+    assert_eq!(before.len(), after.len(), "{undone}");
+    for (i, ((old, mid), new)) in before.iter().zip(&middle).zip(&after).enumerate() {
+        assert_eq!(yaml(new), yaml(old), "document {}", i + 1);
+        if old == mid {
+            // Not injected: not rewritten either.
+            assert_eq!(new, old, "document {}", i + 1);
+        }
+    }
+    for line in [
+        "note: document 1 (Service/web): left as it is: not a pod and has no pod template\n",
+        "note: document 2 (ConfigMap/web-config): left as it is: not a pod and has no pod template\n",
+        "note: document 3 (Pod/web-debug): removed log-shipper, proxy\n",
+        "note: document 4 (Deployment/web): removed log-shipper, proxy\n",
+    ] {
+        assert!(err.contains(line), "{line:?} not in:\n{err}");
+    }
+    assert!(
+        err.contains(
+            "(Deployment/dns-helper): left as it is: no sidecar-injector.io/status annotation"
+        ),
+        "{err}"
+    );
+    assert!(!err.contains("error:"), "{err}");
+    // Every object has its line.
+    let objects = after.iter().filter(|d| !yaml(d).is_null()).count();
+    assert_eq!(err.lines().count(), objects, "{err}");
+
+    // Uninjecting again changes nothing.
+    let again = run_with_stdin(&["uninject", "-f", "-"], undone.as_bytes());
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(stdout(&again), undone);
+}
+
+/// A document that cannot be read, or whose status annotation does not parse, or that another
+/// configuration injected, is named in an `error:` line and written back as it came; the
+/// others are still uninjected, and the exit status is 1.
+#[test]
+fn uninject_writes_back_what_it_cannot_read_and_exits_1() {
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: web\n  namespace: shop\nspec:\n  template:\n    metadata:\n      labels:\n        sidecar-injector.io/inject: \"true\"\n    spec:\n      containers:\n        - name: app\n          image: nginx:1.27\n";
+    let injected = sidecar_injector::manifest::inject(&injector(), deployment, None)
+        .expect("injects")
+        .yaml;
+    let bogus = injected
+        .replace("name: web\n", "name: bogus\n")
+        .replace(r#"\"templates\":"#, r#"\"templates\" "#);
+    let other = injected
+        .replace("name: web\n", "name: other\n")
+        .replace(r#"\"hash\":\""#, r#"\"hash\":\"ff"#);
+    let text = format!("b: [\n---\n{injected}---\n{bogus}---\n{other}");
+    let out = run_with_stdin(&["uninject", "-f", "-"], text.as_bytes());
+    fails_per_document(
+        &out,
+        &[
+            "error: document 1: invalid YAML",
+            "error: document 3 (Deployment/bogus): cannot be uninjected: its status annotation sidecar-injector.io/status does not parse",
+            "error: document 4 (Deployment/other): cannot be uninjected: its templates [log-shipper, proxy] no longer render what was injected",
+            "note: document 2 (Deployment/web): removed log-shipper, proxy",
+        ],
+        None,
+    );
+    let written = stdout(&out);
+    let (before, after) = (documents(&text), documents(&written));
+    assert_eq!(before.len(), after.len());
+    assert_eq!(after[0], before[0]);
+    assert_eq!(after[2], before[2]);
+    assert_eq!(after[3], before[3]);
+    assert_eq!(yaml(after[1]), yaml(deployment));
+}
+
+/// A container of the pod's own named like a sidecar, which the status records as kept,
+/// stays; the sidecars injection added go.
+#[test]
+fn uninject_keeps_a_container_the_status_records_as_kept() {
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: shop\n  labels:\n    sidecar-injector.io/inject: \"true\"\nspec:\n  containers:\n    - name: app\n      image: nginx:1.27\n    - name: log-shipper\n      image: my/own-shipper:1\n";
+    let injected = sidecar_injector::manifest::inject(&injector(), pod, None)
+        .expect("injects")
+        .yaml;
+    assert!(
+        injected.contains(r#"\"kept\":[\"log-shipper\"]"#),
+        "{injected}"
+    );
+    let out = run_with_stdin(&["uninject", "-f", "-"], injected.as_bytes());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(yaml(&stdout(&out)), yaml(pod));
+}

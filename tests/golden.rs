@@ -748,10 +748,10 @@ fn every_snapshot_has_its_input() {
             continue;
         };
         // The manifest shapes live beside the CLI's manifests.
-        let dir = if dir == "shapes" {
-            "manifests/shapes"
-        } else {
-            dir
+        let dir = match dir {
+            "shapes" => "manifests/shapes",
+            "uninject_kubectl" => "kubectl",
+            dir => dir,
         };
         let input = root.join("inputs").join(dir).join(input);
         assert!(input.is_file(), "{name} has no input {}", input.display());
@@ -1297,4 +1297,256 @@ fn the_validator_checks_a_pod_against_the_revision_that_injected_it() {
         message.contains("says revision \"canary\" injected the pod"),
         "{message}"
     );
+}
+
+// === uninject ===
+
+/// Each document of a YAML stream, read (`Null` for one that cannot be).
+fn read_all(text: &str) -> Vec<Value> {
+    manifest::split_documents(text)
+        .iter()
+        .map(|d| manifest::read_document(d.text).unwrap_or(Value::Null))
+        .collect()
+}
+
+/// A document with its pod template's `metadata` dropped when it is `null` or `{}`:
+/// injection gives such a template a metadata of its own, and `uninject` removes it when it
+/// is left empty, as when the template had none (docs/COMMANDS.md).
+fn without_empty_metadata(mut doc: Value) -> Value {
+    let Some(path) = manifest::template_path(&doc) else {
+        return doc;
+    };
+    let pointer = path.iter().map(|t| format!("/{t}")).collect::<String>();
+    if let Some(template) = doc.pointer_mut(&pointer).and_then(Value::as_object_mut) {
+        let empty = template
+            .get("metadata")
+            .is_some_and(|m| m.is_null() || m.as_object().is_some_and(|m| m.is_empty()));
+        if empty {
+            template.remove("metadata");
+        }
+    }
+    doc
+}
+
+/// What `uninject` did to `injected`, against `original` (what was injected): every document
+/// reads back as the original's, and injecting the result again gives `injected` back.
+fn check_uninject(
+    inj: &Injector,
+    original: &str,
+    injected: &str,
+    namespace: Option<&str>,
+) -> (sidecar_injector::uninject::Uninjected, Vec<String>) {
+    let mut problems = Vec::new();
+    let undone = sidecar_injector::uninject::uninject(inj, injected, namespace);
+    for e in &undone.errors {
+        problems.push(format!("uninject: {e}"));
+    }
+    let (want, got) = (read_all(original), read_all(&undone.yaml));
+    if want.len() != got.len() {
+        problems.push(format!("{} documents in, {} out", want.len(), got.len()));
+    }
+    for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+        if without_empty_metadata(w.clone()) != *g {
+            problems.push(format!(
+                "document {}: uninject(inject(x)) is not x:\n{}\n---- got\n{}",
+                i + 1,
+                serde_json::to_string_pretty(w).unwrap_or_default(),
+                serde_json::to_string_pretty(g).unwrap_or_default()
+            ));
+        }
+    }
+    let target = manifest::Target {
+        namespace,
+        namespace_labels: None,
+    };
+    let again = manifest::inject_each(inj, &undone.yaml, &target);
+    if read_all(&again.yaml) != read_all(injected) {
+        problems.push("inject(uninject(inject(x))) is not inject(x)".into());
+    }
+    (undone, problems)
+}
+
+/// `kubectl get ... -o yaml|json` output (a `kind: List`), injected and then uninjected: the
+/// List comes back as it was, item by item, and the snapshot is what `uninject` says and
+/// writes.
+#[test]
+fn uninject_kubectl() {
+    let inj = embedded();
+    let mut failures = Vec::new();
+    insta::glob!("inputs/kubectl/*.{json,yaml}", |path| {
+        let text = std::fs::read_to_string(path).expect("input is readable");
+        let injected = manifest::inject(&inj, &text, None).expect("injects");
+        let (undone, problems) = check_uninject(&inj, &text, &injected.yaml, None);
+        if undone.removed == 0 {
+            failures.push(format!("kubectl/{}: nothing removed", file_name(path)));
+        }
+        failures.extend(
+            problems
+                .iter()
+                .map(|p| format!("kubectl/{}: {p}", file_name(path))),
+        );
+        let seen = format!(
+            "# uninject: standard error\n{}\n\n# uninject: standard output\n{}",
+            undone.notes.join("\n"),
+            undone.yaml
+        );
+        insta::assert_snapshot!("uninject_kubectl", seen);
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+const CRONJOB: &str = "# A nightly report, its pod template two levels down.
+apiVersion: batch/v1
+kind: CronJob
+metadata:
+  name: report
+  namespace: shop
+spec:
+  schedule: \"0 3 * * *\"
+  jobTemplate:
+    spec:
+      template:
+        metadata:
+          labels:
+            app: report
+            sidecar-injector.io/inject: \"true\"
+        spec:
+          restartPolicy: OnFailure
+          containers:
+            - name: report
+              image: registry.example.com/report:2
+              env:
+                - {name: MODE, value: nightly}
+              volumeMounts:
+                - {name: out, mountPath: /out}
+          volumes:
+            - name: out
+              emptyDir: {}
+";
+
+/// A CronJob, injected and uninjected: its pod template is found at
+/// `spec.jobTemplate.spec.template` and comes back as the author wrote it.
+#[test]
+fn uninject_cronjob() {
+    let inj = embedded();
+    let injected = manifest::inject(&inj, CRONJOB, None).expect("injects");
+    assert!(injected.yaml.contains("log-shipper"), "{}", injected.yaml);
+    let (undone, problems) = check_uninject(&inj, CRONJOB, &injected.yaml, None);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    let seen = format!(
+        "# uninject: standard error\n{}\n\n# uninject: standard output\n{}",
+        undone.notes.join("\n"),
+        undone.yaml
+    );
+    insta::assert_snapshot!("uninject_cronjob", seen);
+}
+
+/// Every pod of `tests/inputs/inject/` that is not injected yet, injected by the webhook and
+/// uninjected offline: the pod comes back as it came, and injecting it again gives the same
+/// pod (with `log-shipper-already-present`, the pod's own `log-shipper`, recorded as kept,
+/// stays).
+#[test]
+fn uninject_undoes_the_webhook() {
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs/inject");
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .expect("inputs/inject")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    paths.sort();
+    for path in paths {
+        let inj = injector_for(&path);
+        let request = load_review(&path);
+        let mut pod = request["request"]["object"].clone();
+        let status = inj.config.status_annotation.clone();
+        if pod
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(&status))
+            .is_some()
+        {
+            continue; // Injected already: what it was before is not known.
+        }
+        let (_, decoded) = ask(&inj, Webhook::Mutate, &request);
+        let Ok(injected) = patched(&request, &decoded) else {
+            continue;
+        };
+        if injected == pod {
+            continue;
+        }
+        checked += 1;
+        // As a document: a pod that names its kind.
+        let mut injected = injected;
+        for p in [&mut pod, &mut injected] {
+            p["apiVersion"] = json!("v1");
+            p["kind"] = json!("Pod");
+        }
+        let namespace = request["request"]["namespace"].as_str();
+        let text = |v: &Value| serde_json::to_string_pretty(v).expect("JSON");
+        let undone = sidecar_injector::uninject::uninject(&inj, &text(&injected), namespace);
+        let name = file_name(&path);
+        for e in &undone.errors {
+            failures.push(format!("inject/{name}: uninject: {e}"));
+        }
+        let got = read_all(&undone.yaml);
+        if got.first() != Some(&pod) {
+            failures.push(format!(
+                "inject/{name}: uninject(inject(x)) is not x:\n{}\n---- got\n{}",
+                text(&pod),
+                got.first().map(text).unwrap_or_default()
+            ));
+        }
+        let again = with_object(&request, got.first().unwrap_or(&Value::Null));
+        let (_, decoded) = ask(&inj, Webhook::Mutate, &again);
+        let reinjected = patched(&again, &decoded).map(|mut v| {
+            v["apiVersion"] = json!("v1");
+            v["kind"] = json!("Pod");
+            v
+        });
+        if reinjected.as_ref() != Ok(&injected) {
+            failures.push(format!(
+                "inject/{name}: inject(uninject(inject(x))) is not inject(x)"
+            ));
+        }
+    }
+    assert!(checked >= 5, "only {checked} inputs injected");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every manifest `inject` reads (`tests/inputs/manifests/`, its shapes too), injected and
+/// uninjected: every document comes back as it was.
+#[test]
+fn uninject_undoes_inject_for_every_manifest() {
+    let inj = embedded();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/inputs/manifests");
+    let mut failures = Vec::new();
+    let mut files = Vec::new();
+    for dir in [root.clone(), root.join("shapes")] {
+        for entry in std::fs::read_dir(&dir).expect("inputs/manifests") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "yaml" || e == "json") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 5, "{files:?}");
+    for path in files {
+        let text = std::fs::read_to_string(&path).expect("input is readable");
+        let target = manifest::Target {
+            namespace: Some("shop"),
+            namespace_labels: None,
+        };
+        let injected = manifest::inject_each(&inj, &text, &target);
+        let (_, problems) = check_uninject(&inj, &text, &injected.yaml, Some("shop"));
+        // A document `inject` could not read is written back as it came by both.
+        let unreadable = injected.errors.len();
+        failures.extend(
+            problems
+                .iter()
+                .filter(|p| unreadable == 0 || !p.starts_with("uninject: "))
+                .map(|p| format!("{}: {p}", path.display())),
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

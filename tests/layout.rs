@@ -259,6 +259,7 @@ const ORDER: &[&str] = &[
     "engine::memo",
     "engine::manifest",
     "engine::explain",
+    "engine::uninject",
     "engine",
     "export",
     "diagnose",

@@ -15,7 +15,9 @@
 //!     API server will refuse is let through unchanged or refused for its own mistake;
 //! 11. a pod template with its `metadata` absent, `null` or `{}` is injected offline (the
 //!     patch makes what it writes into) and injecting the output again changes nothing, and a
-//!     review of a pod without metadata (which the API server refuses) is never patched.
+//!     review of a pod without metadata (which the API server refuses) is never patched;
+//! 12. `uninject` undoes `inject`: the pod comes back, or, where it had an item the same as one
+//!     a template adds, comes back without it, and injecting it again gives the same pod.
 
 use std::collections::BTreeSet;
 
@@ -1527,5 +1529,66 @@ proptest! {
             prop_assert_eq!(&response["allowed"], &json!(true), "{}", response);
             prop_assert!(response.get("patch").is_none(), "{}", response);
         }
+    }
+}
+
+// === 12. uninject undoes inject ===
+
+/// Whether `small` is `big` with items of its lists and entries of its maps removed, nothing
+/// added or changed.
+fn removed_from(small: &Value, big: &Value) -> bool {
+    match (small, big) {
+        (Value::Object(s), Value::Object(b)) => s
+            .iter()
+            .all(|(k, v)| b.get(k).is_some_and(|bv| removed_from(v, bv))),
+        (Value::Array(s), Value::Array(b)) => {
+            let mut rest = b.iter();
+            s.iter().all(|item| rest.any(|b| removed_from(item, b)))
+        }
+        _ => small == big,
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `uninject` gives back the pod `inject` was given: exactly, or, where the pod already
+    /// had an item the same as one a template adds (which the status does not record, see
+    /// docs/COMMANDS.md), that pod without it. Either way, injecting it again gives the
+    /// injected pod back: it loses nothing of the author's that injection would not add
+    /// again as it was.
+    #[test]
+    fn uninject_undoes_inject(case in pod(), which in 0usize..2) {
+        with_injector(which, |inj| {
+            let text = serde_json::to_string(&case.pod).expect("JSON");
+            let namespace = Some(case.namespace.as_str());
+            let target = sidecar_injector::manifest::Target { namespace, namespace_labels: None };
+            let injected = sidecar_injector::manifest::inject_each(inj, &text, &target);
+            if !injected.errors.is_empty() {
+                return Ok(());
+            }
+            let undone = sidecar_injector::uninject::uninject(inj, &injected.yaml, namespace);
+            if injected.yaml == text {
+                // Not injected: written back as it came (with an error when it carries a
+                // status of its own that does not parse or hash as ours).
+                prop_assert_eq!(&undone.yaml, &text, "a pod not injected is left as it is");
+                return Ok(());
+            }
+            prop_assert!(undone.errors.is_empty(), "{:?}", undone.errors);
+            let (x, y): (Value, Value) = (
+                serde_json::from_str(&text).expect("JSON"),
+                serde_json::from_str(&undone.yaml).expect("JSON stays JSON"),
+            );
+            let again = sidecar_injector::manifest::inject_each(inj, &undone.yaml, &target);
+            let (ix, iy): (Value, Value) = (
+                serde_json::from_str(&injected.yaml).expect("JSON"),
+                serde_json::from_str(&again.yaml).expect("JSON"),
+            );
+            prop_assert_eq!(&iy, &ix, "inject(uninject(inject(x))) is not inject(x)");
+            if y != x {
+                prop_assert!(removed_from(&y, &x), "uninject(inject(x)) is not x: {}", undone.yaml);
+            }
+            Ok(())
+        })?;
     }
 }

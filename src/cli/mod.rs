@@ -1,4 +1,5 @@
-//! Command-line interface: `serve`, `inject`, `review`, `explain`, `outdated`, `export`, `check`.
+//! Command-line interface: `serve`, `inject`, `uninject`, `review`, `explain`, `outdated`,
+//! `export`, `check`.
 //!
 //! A shell around the engine. It owns the flags, reading the files and standard input a
 //! command names (`stdio`), standard output and exit statuses; every answer comes from
@@ -18,7 +19,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::engine::inject::Entry;
 use crate::engine::review::Webhook;
-use crate::engine::{explain, manifest, review};
+use crate::engine::{explain, manifest, review, uninject};
 use crate::export;
 use crate::load::{ConfigArg, SelectionArgs};
 use stdio::{read_input, read_text, write_errors, write_notes, write_stdout, write_warnings};
@@ -50,6 +51,21 @@ pub enum Command {
     /// injected is written back as it came and named in an `error:` line; the others are
     /// still injected, and the exit status is 1.
     Inject(ManifestArgs),
+    /// Remove what `inject` (or the webhook) added to manifests and print the result (YAML).
+    ///
+    /// Reads what `inject` reads. A pod or pod template carrying the status annotation
+    /// (`sidecar-injector.io/status`) loses what its recorded templates add, rendered again
+    /// under this configuration for what the status says the pod had: the sidecars (not a
+    /// container of the pod's own the status records as kept), volumes, image pull secrets,
+    /// mounts and env vars, labels and annotations, and the status annotation; a pod-level
+    /// budget shrinks back. An item the pod's author wrote differently from the template's, or
+    /// before items of their own, is left alone; one written exactly as the template's, last
+    /// in its list, cannot be told from an injected one and is removed. Other documents are written back byte for byte. Each object gets a `note:`
+    /// line on standard error: the templates removed, or why it was left as it is. A document
+    /// that cannot be read or uninjected (another configuration rendered it) is written back as
+    /// it came and named in an `error:` line; the others are still uninjected, and the exit
+    /// status is 1.
+    Uninject(UninjectArgs),
     /// Answer a captured AdmissionReview exactly as the server would.
     Review {
         /// AdmissionReview file (JSON), or - for standard input.
@@ -123,11 +139,12 @@ pub enum Command {
     Check(check::CheckArgs),
 }
 
-/// The documents `inject` or `explain` could not read or inject, each on standard error, and
-/// an error (exit status 1) when there is one; the others were written all the same.
+/// The documents `inject`, `uninject` or `explain` could not read or process, each on standard
+/// error, and an error (exit status 1) when there is one; the others were written all the same.
 fn left_as_they_came(
-    errors: &[crate::engine::manifest::ManifestError],
+    errors: &[impl std::fmt::Display],
     what: &str,
+    verb: &str,
 ) -> anyhow::Result<()> {
     if errors.is_empty() {
         return Ok(());
@@ -135,7 +152,7 @@ fn left_as_they_came(
     let lines: Vec<String> = errors.iter().map(|e| format!("{e} ({what})")).collect();
     write_errors(&lines);
     anyhow::bail!(
-        "{} document(s) could not be read or injected (named above); the others were written",
+        "{} document(s) could not be read or {verb} (named above); the others were written",
         errors.len()
     )
 }
@@ -261,6 +278,37 @@ pub struct ManifestArgs {
     pub config: ConfigArg,
 }
 
+/// What `uninject` reads.
+#[derive(Debug, Args)]
+pub struct UninjectArgs {
+    /// Manifest file (multi-document YAML or JSON; a `kind: List` as `kubectl get -o yaml|json`
+    /// prints it), or - for standard input.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|-")]
+    pub file: PathBuf,
+    /// Namespace of documents that name none, as given to `inject`: templates render per
+    /// namespace, and what they rendered there is what is removed. Without it, "default".
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    #[command(flatten)]
+    pub config: ConfigArg,
+}
+
+impl UninjectArgs {
+    fn run(self) -> anyhow::Result<()> {
+        let Self {
+            file,
+            namespace,
+            config,
+        } = self;
+        let inj = config.load()?;
+        let out = uninject::uninject(&inj, &read_text(&file)?, namespace.as_deref());
+        // Every document, uninjected or as it came: nothing of the input is lost.
+        write_stdout(out.yaml.as_bytes())?;
+        write_notes(&out.notes);
+        left_as_they_came(&out.errors, "written back as it came", "uninjected")
+    }
+}
+
 fn parse_label(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
@@ -293,7 +341,7 @@ impl Cli {
                 // After the output, so that it is whole before anyone reads why.
                 write_notes(&injected.left_alone);
                 write_warnings(&injected.warnings);
-                left_as_they_came(&injected.errors, "written back as it came")
+                left_as_they_came(&injected.errors, "written back as it came", "injected")
             }
             Command::Review {
                 request,
@@ -319,11 +367,12 @@ impl Cli {
                 Ok(())
             }
             Command::Export(args) => args.run(),
+            Command::Uninject(args) => args.run(),
             Command::Explain(args) => {
                 let inj = args.config.load()?;
                 let explained = explain::explain_for(&inj, &read_text(&args.file)?, &args.target());
                 write_stdout(explained.text.as_bytes())?;
-                left_as_they_came(&explained.errors, "not explained")
+                left_as_they_came(&explained.errors, "not explained", "injected")
             }
         };
         done.map(|()| std::process::ExitCode::SUCCESS)

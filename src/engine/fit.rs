@@ -638,6 +638,28 @@ pub fn grown_budget(
     inits: &[&Container],
     containers: &[&Container],
 ) -> Vec<(&'static str, &'static str, String)> {
+    budget_by(budget, inits, containers, 1.0)
+}
+
+/// A pod-level budget shrunk back by what the sidecars `uninject` removes (`inits`,
+/// `containers`) request and are limited to: [`grown_budget`] undone, amounts written by
+/// [`budget_amount`] (a budget written `1000m` comes back `1`). An amount that would not stay
+/// above zero (the budget was changed since) is left as it is.
+pub fn shrunk_budget(
+    budget: Option<&str>,
+    inits: &[&Container],
+    containers: &[&Container],
+) -> Vec<(&'static str, &'static str, String)> {
+    budget_by(budget, inits, containers, -1.0)
+}
+
+/// The budget's amounts moved by `sign` times what `inits` and `containers` ask for.
+fn budget_by(
+    budget: Option<&str>,
+    inits: &[&Container],
+    containers: &[&Container],
+    sign: f64,
+) -> Vec<(&'static str, &'static str, String)> {
     let Some(Ok(lists)) = budget.map(crate::engine::view::resource_amounts) else {
         return Vec::new();
     };
@@ -664,12 +686,9 @@ pub fn grown_budget(
             let sum =
                 |cs: &[&Container]| cs.iter().filter_map(|c| amount(c)).fold(0.0, |a, b| a + b);
             let grew = inits.iter().chain(containers).any(|c| amount(c).is_some());
-            if grew {
-                out.push((
-                    list,
-                    res,
-                    budget_amount(res, start + sum(inits) + sum(containers)),
-                ));
+            let moved = start + sign * (sum(inits) + sum(containers));
+            if grew && (sign > 0.0 || moved > 0.0) {
+                out.push((list, res, budget_amount(res, moved)));
             }
         }
     }

@@ -55,13 +55,13 @@ pub fn template_path(object: &Value) -> Option<&'static [&'static str]> {
 }
 
 /// The value at `tokens` (none: `value` itself).
-fn at<'a>(value: &'a Value, tokens: &[&str]) -> Option<&'a Value> {
+pub(crate) fn at<'a>(value: &'a Value, tokens: &[&str]) -> Option<&'a Value> {
     tokens.iter().try_fold(value, |v, token| v.get(*token))
 }
 
 /// The items of a `kind: List` (apiVersion v1), as `kubectl get -o yaml|json` prints several
 /// objects.
-fn list_items(value: &Value) -> Option<&Vec<Value>> {
+pub(crate) fn list_items(value: &Value) -> Option<&Vec<Value>> {
     if str_at(value, "/kind") == "List" && str_at(value, "/apiVersion") == "v1" {
         value.get("items").and_then(Value::as_array)
     } else {
@@ -405,7 +405,7 @@ fn decide_document(
 }
 
 /// `Kind/name` of an object (its `generateName` when it has no name), for reports.
-fn object_id(value: &Value) -> String {
+pub(crate) fn object_id(value: &Value) -> String {
     let name = match str_at(value, "/metadata/name") {
         "" => str_at(value, "/metadata/generateName"),
         n => n,
@@ -506,17 +506,16 @@ pub fn inject_each(inj: &Injector, text: &str, target: &Target<'_>) -> Injected 
     let mut yaml = String::with_capacity(text.len() * 2);
     let mut errors = Vec::new();
     for (i, doc) in docs.into_iter().enumerate() {
-        let error =
-            match &doc.output {
-                Some(value) => write_changed(&doc, value, &mut yaml).err().map(|message| {
-                    ManifestError::Write {
-                        index: i + 1,
-                        id: doc.id.clone(),
-                        message,
-                    }
+        let error = match &doc.output {
+            Some(value) => write_changed(&doc.marker, &doc.source, value, &mut yaml)
+                .err()
+                .map(|message| ManifestError::Write {
+                    index: i + 1,
+                    id: doc.id.clone(),
+                    message,
                 }),
-                None => None,
-            };
+            None => None,
+        };
         if doc.output.is_none() || error.is_some() {
             yaml.push_str(&doc.marker);
             yaml.push_str(&doc.source);
@@ -535,8 +534,12 @@ pub fn inject_each(inj: &Injector, text: &str, target: &Target<'_>) -> Injected 
 /// and after its content as they were, and between them its new content, as JSON when it was
 /// written as JSON, else as YAML (its other comments are not kept). The stream's last byte
 /// stays what it was.
-fn write_changed(doc: &Doc, value: &Value, out: &mut String) -> Result<(), String> {
-    let source = doc.source.as_str();
+pub(crate) fn write_changed(
+    marker: &str,
+    source: &str,
+    value: &Value,
+    out: &mut String,
+) -> Result<(), String> {
     let lines: Vec<&str> = source.split_inclusive('\n').collect();
     let comment = |line: &str| {
         let t = line.trim();
@@ -561,8 +564,8 @@ fn write_changed(doc: &Doc, value: &Value, out: &mut String) -> Result<(), Strin
     if !text.ends_with('\n') {
         text.push('\n');
     }
-    out.push_str(&doc.marker);
-    if !doc.marker.is_empty() && head.is_empty() {
+    out.push_str(marker);
+    if !marker.is_empty() && head.is_empty() {
         // The content started on the marker's line (`--- {...}`): it goes on the next.
         out.push('\n');
     }
@@ -575,7 +578,7 @@ fn write_changed(doc: &Doc, value: &Value, out: &mut String) -> Result<(), Strin
     Ok(())
 }
 
-fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+pub(crate) fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
@@ -760,7 +763,7 @@ fn not_a_template(inj: &Injector, value: &Value, kind: &str, api_version: &str) 
 }
 
 /// Reads a pod template (or a pod) as a pod: the two share `metadata` and `spec`.
-fn to_pod(template: &Value) -> Result<Pod, String> {
+pub(crate) fn to_pod(template: &Value) -> Result<Pod, String> {
     let t: PodTemplateSpec = serde_json::from_value(template.clone()).map_err(|e| e.to_string())?;
     Ok(Pod {
         metadata: t.metadata.unwrap_or_default(),

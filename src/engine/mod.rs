@@ -18,5 +18,6 @@ pub mod messages;
 pub mod overrides;
 pub mod review;
 pub mod template;
+pub mod uninject;
 pub mod validate;
 pub mod view;

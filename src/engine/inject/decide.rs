@@ -4,13 +4,13 @@
 use std::sync::Arc;
 
 use crate::engine::config::Injector;
-use crate::engine::context::{Seen, Shown};
+use crate::engine::context::{Seen, Shown, Source};
 use crate::engine::inject::facts::{Entry, PodFacts};
 use crate::engine::inject::rules::{
     InjectError, SkipReason, malformed, opt_in, runs_to_completion, selected_templates, targets,
 };
 use crate::engine::inject::status::{Rendered, Status, fragment_hash, status_json};
-use crate::engine::template::{Overrides, Quoted};
+use crate::engine::template::{Fragment, Overrides, Quoted};
 use crate::engine::{fit, messages};
 
 /// What the injector decided for a pod.
@@ -72,11 +72,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
             let mut templates = Vec::with_capacity(names.len());
             let mut notes = Vec::new();
             for (name, overrides) in names.iter().zip(&overrides) {
-                let reads = inj.templates.reads(name);
-                let key = |start| source.key(reads, start);
-                let fragment = inj.templates.render_with(name, overrides, key, || {
-                    source.context().map_err(InjectError::Unread)
-                })?;
+                let fragment = render_one(inj, &source, name, overrides)?;
                 if windows && !fragment.supports_windows {
                     notes.push(messages::not_for_windows(name));
                     continue;
@@ -86,15 +82,7 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
                     conflict.get_or_insert_with(|| other.clone());
                     continue;
                 }
-                let fragment = if guaranteed {
-                    let fitted = fit::guaranteed_variant(&fragment);
-                    for (container, resource) in &fitted.unbounded {
-                        notes.push(fit::loses_guaranteed(name, container, resource));
-                    }
-                    Arc::clone(&fitted.fragment)
-                } else {
-                    fragment
-                };
+                let fragment = fitted(name, fragment, guaranteed, &mut notes);
                 templates.push(Rendered {
                     name: (*name).to_owned(),
                     fragment,
@@ -160,6 +148,65 @@ pub fn decide(inj: &Injector, facts: &PodFacts<'_>) -> Result<Decision, InjectEr
         status,
         notes,
     }))
+}
+
+/// Template `name` rendered for the context `source` shows.
+fn render_one(
+    inj: &Injector,
+    source: &Source<'_>,
+    name: &str,
+    overrides: &Overrides<'_>,
+) -> Result<Arc<Fragment>, InjectError> {
+    let reads = inj.templates.reads(name);
+    let key = |start| source.key(reads, start);
+    inj.templates.render_with(name, overrides, key, || {
+        source.context().map_err(InjectError::Unread)
+    })
+}
+
+/// The rendering a pod is given: for a `Guaranteed` pod its variant that keeps the pod's
+/// class, with a note for each sidecar that cannot be made so.
+fn fitted(
+    name: &str,
+    fragment: Arc<Fragment>,
+    guaranteed: bool,
+    notes: &mut Vec<String>,
+) -> Arc<Fragment> {
+    if !guaranteed {
+        return fragment;
+    }
+    let fitted = fit::guaranteed_variant(&fragment);
+    for (container, resource) in &fitted.unbounded {
+        notes.push(fit::loses_guaranteed(name, container, resource));
+    }
+    Arc::clone(&fitted.fragment)
+}
+
+/// The templates `status` records, rendered again as the pod was given them: for the
+/// containers and volumes the status's `context` says the rendering saw, with the pod's
+/// overrides, fitted to a `Guaranteed` pod as [`decide`] fits them. `None` when they no
+/// longer render what the status's hash says (another configuration, another namespace, an
+/// override changed since). What `uninject` takes back out of a pod; opt-in, skip rules and
+/// conflicts are not asked again: the status says the templates were given.
+pub fn render_recorded(
+    inj: &Injector,
+    facts: &PodFacts<'_>,
+    status: &Status,
+) -> Result<Option<Vec<Rendered>>, InjectError> {
+    let owned = inj.templates.owned();
+    let guaranteed = fit::guaranteed(facts.pod, &owned.sidecars);
+    let shown = Shown::of(facts.pod, owned, status.context.as_ref())?;
+    let source = facts.source(inj, &shown);
+    let mut templates = Vec::with_capacity(status.templates.len());
+    for name in &status.templates {
+        let overrides = overrides_of(inj, facts, name)?;
+        let fragment = render_one(inj, &source, name, &overrides)?;
+        templates.push(Rendered {
+            name: name.clone(),
+            fragment: fitted(name, fragment, guaranteed, &mut Vec::new()),
+        });
+    }
+    Ok((fragment_hash(inj, &templates) == status.hash).then_some(templates))
 }
 
 /// The values the pod's annotations give template `name`'s overrides, each checked.
