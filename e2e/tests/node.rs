@@ -2358,8 +2358,8 @@ async fn webhook_names(cx: &Ctx, name: &str) -> anyhow::Result<Vec<String>> {
 }
 
 /// n13. The chart's default certificates in the cluster, with lifetimes of a minute and a half:
-/// the release's two replicas issue a CA and serving certificate into their Secret (owned by
-/// the MutatingWebhookConfiguration) and set both caBundles; a caBundle taken out by hand (as a
+/// the release's two replicas issue a CA and serving certificate into the Secret the chart
+/// rendered empty, and set both caBundles; a caBundle taken out by hand (as a
 /// GitOps sync of the chart's render would) is set back and counted
 /// (`sidecar_injector_certificate_steps_total{step="mend_bundles"}`); under opted-in creations
 /// at 10 a second (as n04), serving certificates renew and the CA rolls over (successor added,
@@ -2432,17 +2432,11 @@ async fn certificates_roll_over(cx: &Ctx, release_ns: &str, values: &str) -> any
         },
     )
     .await?;
-    let owner = secrets
-        .get(&secret)
-        .await?
-        .metadata
-        .owner_references
-        .unwrap_or_default();
+    // The chart renders the Secret empty (so `helm uninstall` deletes it); the server fills it.
+    let labels = secrets.get(&secret).await?.metadata.labels.unwrap_or_default();
     ensure!(
-        owner
-            .iter()
-            .any(|o| o.kind == "MutatingWebhookConfiguration" && o.name == C3),
-        "Secret {secret} is not owned by the MutatingWebhookConfiguration: {owner:?}"
+        labels.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("Helm"),
+        "Secret {secret} is not the chart's: labels {labels:?}"
     );
     let (first, _, _) = stored().await?;
     ensure!(first.len() == 1, "a new Secret holds {} CAs", first.len());
