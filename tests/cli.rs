@@ -547,6 +547,38 @@ fn explain_and_inject_know_namespace_opt_in() {
     assert_eq!(names(&docs[1], "initContainers"), ["log-shipper", "proxy"]);
     assert!(docs[2]["spec"].get("initContainers").is_none(), "{out}");
 
+    // A namespace that requires sidecars: the same injection, and an opt-out is refused
+    // unless its service account is exempt, which `explain` says, naming the entry.
+    let required = [
+        "explain",
+        "-f",
+        "-",
+        "--namespace-label",
+        "sidecar-injector.io/inject=required",
+    ];
+    let report = stdout(succeeds(&run_with_stdin(&required, pods.as_bytes()))).to_owned();
+    for expected in [
+        "Pod/plain: injected with [log-shipper, proxy] (opted in by its namespace's label sidecar-injector.io/inject=required); it would get:",
+        "Pod/out: not injected: its namespace requires sidecars (sidecar-injector.io/inject=required), and the pod opts out with sidecar-injector.io/inject=\"false\", which the validating webhook and the backstop refuse: its service account \"default\" is not exempt (required.exempt)",
+    ] {
+        assert!(report.contains(expected), "{expected:?} not in:\n{report}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.yaml");
+    let text = format!(
+        "{}required:\n  exempt: [\"*/default\"]\n",
+        sidecar_injector::config::DEFAULT_CONFIG
+    );
+    std::fs::write(&config, text).expect("written");
+    let config = config.to_str().expect("utf-8");
+    let mut exempt = required.to_vec();
+    exempt.extend(["--config", config]);
+    let report = stdout(succeeds(&run_with_stdin(&exempt, pods.as_bytes()))).to_owned();
+    assert!(
+        report.contains("which it may: its service account \"default\" is exempt (required.exempt: \"*/default\")"),
+        "{report}"
+    );
+
     // A namespace enabled for another revision is that revision's.
     let report = stdout(succeeds(&run_with_stdin(
         &[

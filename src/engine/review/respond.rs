@@ -9,7 +9,7 @@ use crate::engine::inject::{
 };
 use crate::engine::review::answer::{Answer, Injected, Outcome, Summary, Webhook};
 use crate::engine::review::write::{Allowed, base, deny, finish, warn, write_allowed};
-use crate::engine::validate::{denial_message, findings, sidecars_changed};
+use crate::engine::validate::{denial_message, findings, required_refusal, sidecars_changed};
 use crate::engine::view::PodView;
 
 /// A request as the engine reads it, whichever road it came by.
@@ -256,11 +256,44 @@ fn validate(
                     warn(response, vec![warning]),
                     403,
                     "Forbidden",
-                    denial_message(inj, &name, &changed),
+                    denial_message(inj, entry, &name, &changed),
                 ),
                 Outcome::Denied,
             ));
         }
+    }
+    let name = match r.name {
+        n if !n.is_empty() => format!("{n:?}"),
+        _ => match pod.meta().generate_name.as_ref() {
+            Some(g) => format!("{:?}*", g.as_str()),
+            None => "(unnamed)".into(),
+        },
+    };
+    // A pod that opts out where its namespace requires sidecars, its service account not
+    // exempt. On UPDATE, one that already did (created before its namespace required them) is
+    // admitted with a warning, like any problem the update does not introduce.
+    let facts = PodFacts::new(pod, r.namespace).with_entry(entry);
+    if let Some(refusal) = required_refusal(inj, &facts, &name) {
+        let before = match (r.operation, r.old_object) {
+            (Operation::Update, Some(old)) => {
+                let old = PodFacts::new(old, r.namespace).with_entry(entry);
+                required_refusal(inj, &old, &name).is_some()
+            }
+            _ => false,
+        };
+        return Ok(match (before, inj.config.validation.mode) {
+            (false, ValidationMode::Enforce) => {
+                (deny(response, 403, "Forbidden", refusal), Outcome::Denied)
+            }
+            (true, _) | (false, ValidationMode::Warn) => {
+                let refusal = refusal.trim_start_matches("sidecar-injector: ");
+                let warning = match before {
+                    true => format!("sidecar-injector: pre-existing problem: {refusal}"),
+                    false => format!("sidecar-injector: {refusal}"),
+                };
+                (warn(response, vec![warning]), Outcome::Allowed)
+            }
+        });
     }
     let problems = match problems(inj, entry, pod, r.namespace) {
         Ok(p) if p.is_empty() => return Ok((response, Outcome::Allowed)),
@@ -287,18 +320,16 @@ fn validate(
     if new.is_empty() {
         return Ok((warn(response, warnings), Outcome::Allowed));
     }
-    let name = match r.name {
-        n if !n.is_empty() => format!("{n:?}"),
-        _ => match pod.meta().generate_name.as_ref() {
-            Some(g) => format!("{:?}*", g.as_str()),
-            None => "(unnamed)".into(),
-        },
-    };
     Ok(match inj.config.validation.mode {
         ValidationMode::Enforce => {
             let response = warn(response, warnings);
             (
-                deny(response, 403, "Forbidden", denial_message(inj, &name, &new)),
+                deny(
+                    response,
+                    403,
+                    "Forbidden",
+                    denial_message(inj, entry, &name, &new),
+                ),
                 Outcome::Denied,
             )
         }
