@@ -11,6 +11,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::{Finding, Got, unread};
+use crate::engine::config::NAMESPACE_REQUIRED;
 
 /// Above this the API server makes every opted-in pod create wait too long on the webhook.
 pub const MAX_TIMEOUT_SECONDS: i32 = 10;
@@ -92,6 +93,9 @@ pub enum Rule {
     Pod,
     /// `<injectLabel> NotIn [false]` on the pod (its namespace opts in).
     Namespace,
+    /// `<injectLabel> In [required]` on the namespace, whatever the pod says (its namespace
+    /// requires sidecars, and an opt-out is the validator's to judge).
+    Required,
 }
 
 impl Rule {
@@ -99,6 +103,7 @@ impl Rule {
         match self {
             Self::Pod => "pods opted in by their own label",
             Self::Namespace => "pods of namespaces that opt in",
+            Self::Required => "pods of namespaces that require sidecars",
         }
     }
 }
@@ -111,6 +116,18 @@ pub struct Expect<'a> {
 }
 
 fn rule_of(entry: &WebhookEntry, label: &str) -> Option<Rule> {
+    let required = entry
+        .namespace_selector
+        .iter()
+        .flat_map(|s| s.match_expressions.iter().flatten())
+        .any(|e| {
+            e.key == label
+                && e.operator == "In"
+                && e.values.as_deref() == Some(&[NAMESPACE_REQUIRED.to_owned()][..])
+        });
+    if required {
+        return Some(Rule::Required);
+    }
     let selector = entry.object_selector.as_ref()?;
     if selector
         .match_labels
@@ -533,6 +550,51 @@ pub(super) mod tests {
         assert_eq!(
             forbidden[0].line(),
             "- MutatingWebhookConfiguration r: skipped: you lack the right to get mutatingwebhookconfigurations"
+        );
+    }
+
+    /// The chart's required entry (no objectSelector: opted-out pods reach the validator) is
+    /// one of the injector's, not an entry that sends every pod; it must pair up too.
+    #[test]
+    fn the_required_entry_is_known_and_must_pair_up() {
+        let mut m = serde_json::to_value(chart_mutating(5)).expect("json");
+        let mut required = m["webhooks"][1].clone();
+        required["name"] = "required.inject.sidecar-injector.io".into();
+        required["clientConfig"]["service"]["path"] = "/mutate/required".into();
+        required
+            .as_object_mut()
+            .expect("entry")
+            .remove("objectSelector");
+        required["namespaceSelector"]["matchExpressions"]
+            .as_array_mut()
+            .expect("expressions")
+            .push(json!({"key": "sidecar-injector.io/inject", "operator": "In", "values": ["required"]}));
+        m["webhooks"]
+            .as_array_mut()
+            .expect("webhooks")
+            .push(required);
+        let m: MutatingWebhookConfiguration = serde_json::from_value(m).expect("mutating");
+        let found = configuration(
+            "MutatingWebhookConfiguration",
+            "sidecar-injector",
+            &Got::Found(mutating_entries(&m)),
+            &EXPECT,
+        );
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].line().starts_with("✓"), "{}", found[0].line());
+        let unpaired = pairing(
+            "r",
+            &mutating_entries(&m),
+            &validating_entries(&chart_validating()),
+            &EXPECT,
+        );
+        assert_eq!(unpaired.len(), 1, "{unpaired:?}");
+        assert!(
+            unpaired[0]
+                .line()
+                .contains("has no entry for pods of namespaces that require sidecars"),
+            "{}",
+            unpaired[0].line()
         );
     }
 }
