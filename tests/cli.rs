@@ -1029,6 +1029,51 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
     );
 }
 
+/// With `--namespace-required`, both policies get a binding for namespaces labelled
+/// `required`: the backstop's selects the pods that opt out too (its first validation judges
+/// them: the chart's tests evaluate it against the validator), the mutating policy's leaves
+/// them out. Without it, the export is what it was (the snapshots above).
+#[test]
+fn export_binds_required_namespaces_when_asked() {
+    let out = run(&["export", "backstop", "--namespace-required=true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_documents(&stdout(&out));
+    assert_eq!(
+        kinds(&docs)[3],
+        "ValidatingAdmissionPolicyBinding sidecar-injector-backstop-required"
+    );
+    let selects = &docs[3]["spec"]["matchResources"];
+    assert!(selects.get("objectSelector").is_none(), "{selects}");
+    assert!(
+        selects.to_string().contains(
+            r#"{"key":"sidecar-injector.io/inject","operator":"In","values":["required"]}"#
+        ),
+        "{selects}"
+    );
+    let pod_binding = docs[1]["spec"]["matchResources"].to_string();
+    assert!(
+        pod_binding.contains(r#""values":["enabled","required"]"#),
+        "{pod_binding}"
+    );
+    let first = &docs[0]["spec"]["validations"][0];
+    assert_eq!(
+        first["expression"],
+        "!variables.optedOut || variables.exempt || variables.injected.size() == 0"
+    );
+    insta::assert_snapshot!("export_backstop_required", stdout(&out));
+    let out = run(&["export", "mutating", "--namespace-required=true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_documents(&stdout(&out));
+    let required = docs
+        .iter()
+        .find(|d| d["metadata"]["name"] == "sidecar-injector-required")
+        .expect("a binding for required namespaces");
+    assert_eq!(
+        required["spec"]["matchResources"]["objectSelector"]["matchExpressions"][0]["values"][0],
+        "false"
+    );
+}
+
 #[test]
 fn export_mutating_writes_the_bundled_proxy_and_log_shipper() {
     for version in ["v1", "v1beta1"] {

@@ -1473,6 +1473,10 @@ async fn release_backstop(cx: &Ctx, ns: &str, release: &str, on: bool) -> anyhow
             "ValidatingAdmissionPolicyBinding",
             format!("{policy}-namespace"),
         ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            format!("{policy}-required"),
+        ),
         ("ValidatingAdmissionPolicy", policy.clone()),
     ] {
         match admission_api(cx, "v1", kind)

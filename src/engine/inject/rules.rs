@@ -188,6 +188,7 @@ pub fn required_opt_out<'c>(inj: &'c Injector, facts: &PodFacts<'_>) -> Option<O
     if entry(inj, facts) != Ok(Entry::Required)
         || facts.pod.label(&cfg.inject_label) != Some("false")
         || inj.is_excluded_namespace(facts.namespace)
+        || skipped_anyway(inj, facts)
     {
         return None;
     }
@@ -200,6 +201,34 @@ pub fn required_opt_out<'c>(inj: &'c Injector, facts: &PodFacts<'_>) -> Option<O
             None => OptOut::Refused,
         },
     )
+}
+
+/// Whether the pod, were it not opting out, would get no sidecar anyway: malformed, a
+/// `hostNetwork` pod (`skip.hostNetwork`), or every template it asks for left out (a Windows
+/// pod and templates without `supportsWindows`, another mesh's proxy it runs). Requiring
+/// sidecars of it would refuse a pod for what configuration forgives; the chart's
+/// matchConditions keep such pods from the webhooks, and the backstop lets them by, alike.
+/// Templates are read as rendered for the set's sample pod (what `supportsWindows` and
+/// `conflictsWith` say does not depend on the pod).
+fn skipped_anyway(inj: &Injector, facts: &PodFacts<'_>) -> bool {
+    let cfg = &inj.config;
+    if malformed(facts.pod).is_some() {
+        return true;
+    }
+    let spec = facts.pod.spec.as_ref();
+    if cfg.skip.host_network && spec.and_then(|s| s.host_network).unwrap_or(false) {
+        return true;
+    }
+    let Ok(names) = selected_templates(inj, facts) else {
+        return false;
+    };
+    let windows = cfg.skip.windows && facts.is_windows().unwrap_or(false);
+    names.iter().all(|name| {
+        inj.templates.sample(name).is_ok_and(|f| {
+            (windows && !f.supports_windows)
+                || f.conflicts_with.iter().any(|c| facts.pod.has_container(c))
+        })
+    })
 }
 
 /// What makes a pod one the API server refuses whatever a patch adds, and that a patch could

@@ -415,6 +415,22 @@ fn the_required_entry_injects_and_judges_an_opt_out() {
     );
     // An excluded namespace is never injected, so it never requires anything.
     assert_eq!(decide_as(out, None, "kube-system").2, None);
+    // Nor is a pod configuration skips anyway: a hostNetwork one, a Windows one.
+    for spec in [
+        serde_json::json!({"hostNetwork": true}),
+        serde_json::json!({"nodeSelector": {"kubernetes.io/os": "windows"}}),
+    ] {
+        let mut p = opted_in();
+        p.metadata.labels = Some(labels(out));
+        let mut json = serde_json::to_value(&p).expect("json");
+        for (k, v) in spec.as_object().expect("object") {
+            json["spec"][k] = v.clone();
+        }
+        let json = serde_json::to_vec(&json).expect("bytes");
+        let view = PodView::parse(&json).expect("view");
+        let facts = PodFacts::new(&view, Some("shop")).with_entry(Entry::Required);
+        assert_eq!(required_opt_out(&inj, &facts), None, "{spec}");
+    }
     // By the namespace entry, an opt-out is lawful whoever runs the pod.
     let mut p = opted_in();
     p.metadata.labels = Some(labels(out));
