@@ -387,6 +387,58 @@ pub fn pairing(
     out
 }
 
+/// Check 1, for required namespaces: the namespaces labelled `<injectLabel>: required` that
+/// name this installation's revision (`required`: their names) are selected by a required
+/// entry in both configurations. Without one, their pods escape: none is injected but those
+/// labelled `"true"`, and an opt-out is not refused. Nothing to say when there are none.
+pub fn required_namespaces(
+    name: &str,
+    required: &[String],
+    mutating: &[WebhookEntry],
+    validating: &[WebhookEntry],
+    expect: &Expect<'_>,
+) -> Vec<Finding> {
+    if required.is_empty() {
+        return Vec::new();
+    }
+    let listed = required.join(", ");
+    let subject = format!(
+        "namespaces labelled {}={NAMESPACE_REQUIRED}",
+        expect.inject_label
+    );
+    let lacking: Vec<&str> = [
+        ("MutatingWebhookConfiguration", mutating),
+        ("ValidatingWebhookConfiguration", validating),
+    ]
+    .into_iter()
+    .filter(|(_, entries)| {
+        !entries
+            .iter()
+            .any(|e| rule_of(e, expect.inject_label) == Some(Rule::Required))
+    })
+    .map(|(kind, _)| kind)
+    .collect();
+    if lacking.is_empty() {
+        return vec![Finding::pass(
+            "webhooks",
+            subject,
+            format!("{listed}: selected by the required entries"),
+        )];
+    }
+    vec![
+        Finding::fail(
+            "webhooks",
+            subject,
+            format!(
+                "{listed}: {} {name} has no entry for {}: their pods escape (only those labelled \"true\" are injected, and one that opts out is not refused)",
+                lacking.join(" and "),
+                Rule::Required.describe()
+            ),
+        )
+        .fix("helm upgrade the release with --set webhook.namespaceOptIn.required=true"),
+    ]
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -596,5 +648,37 @@ pub(super) mod tests {
             "{}",
             unpaired[0].line()
         );
+    }
+
+    /// Namespaces labelled `required` with no required entry are named, with the fix; with
+    /// the entries in both configurations they pass; with none, nothing is said.
+    #[test]
+    fn required_namespaces_without_their_entry_are_named() {
+        let (m, v) = (
+            mutating_entries(&chart_mutating(5)),
+            validating_entries(&chart_validating()),
+        );
+        assert!(required_namespaces("r", &[], &m, &v, &EXPECT).is_empty());
+        let names = ["payments".to_owned(), "shop".to_owned()];
+        let found = required_namespaces("r", &names, &m, &v, &EXPECT);
+        assert_eq!(
+            found.iter().map(Finding::line).collect::<Vec<_>>(),
+            [
+                "✗ namespaces labelled sidecar-injector.io/inject=required: payments, shop: MutatingWebhookConfiguration and ValidatingWebhookConfiguration r has no entry for pods of namespaces that require sidecars: their pods escape (only those labelled \"true\" are injected, and one that opts out is not refused) — helm upgrade the release with --set webhook.namespaceOptIn.required=true"
+            ]
+        );
+        let with_required = |entries: &[WebhookEntry]| {
+            let mut all = entries.to_vec();
+            let mut e = all[1].clone();
+            e.object_selector = None;
+            e.namespace_selector = serde_json::from_value(json!({"matchExpressions": [
+                {"key": "sidecar-injector.io/inject", "operator": "In", "values": ["required"]}]}))
+            .ok();
+            all.push(e);
+            all
+        };
+        let found =
+            required_namespaces("r", &names, &with_required(&m), &with_required(&v), &EXPECT);
+        assert!(found[0].line().starts_with("✓ namespaces labelled sidecar-injector.io/inject=required: payments, shop: selected"), "{}", found[0].line());
     }
 }
