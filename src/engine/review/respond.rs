@@ -5,7 +5,8 @@ use kube::core::admission::{AdmissionResponse, Operation};
 
 use crate::engine::config::{Injector, ValidationMode};
 use crate::engine::inject::{
-    Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits, to_patch,
+    Decision, Entry, InjectError, OptOut, PodFacts, Status as InjectStatus, decide, plan_edits,
+    required_opt_out, to_patch,
 };
 use crate::engine::review::answer::{Answer, Injected, Outcome, Summary, Webhook};
 use crate::engine::review::write::{Allowed, base, deny, finish, warn, write_allowed};
@@ -262,22 +263,19 @@ fn validate(
             ));
         }
     }
-    let name = match r.name {
-        n if !n.is_empty() => format!("{n:?}"),
-        _ => match pod.meta().generate_name.as_ref() {
-            Some(g) => format!("{:?}*", g.as_str()),
-            None => "(unnamed)".into(),
-        },
-    };
     // A pod that opts out where its namespace requires sidecars, its service account not
     // exempt. On UPDATE, one that already did (created before its namespace required them) is
     // admitted with a warning, like any problem the update does not introduce.
     let facts = PodFacts::new(pod, r.namespace).with_entry(entry);
-    if let Some(refusal) = required_refusal(inj, &facts, &name) {
+    let refusal = match required_opt_out(inj, &facts) {
+        Some(OptOut::Refused) => required_refusal(inj, &facts, &display_name(r, pod)),
+        _ => None,
+    };
+    if let Some(refusal) = refusal {
         let before = match (r.operation, r.old_object) {
             (Operation::Update, Some(old)) => {
                 let old = PodFacts::new(old, r.namespace).with_entry(entry);
-                required_refusal(inj, &old, &name).is_some()
+                required_opt_out(inj, &old) == Some(OptOut::Refused)
             }
             _ => false,
         };
@@ -328,7 +326,7 @@ fn validate(
                     response,
                     403,
                     "Forbidden",
-                    denial_message(inj, entry, &name, &new),
+                    denial_message(inj, entry, &display_name(r, pod), &new),
                 ),
                 Outcome::Denied,
             )
@@ -338,6 +336,18 @@ fn validate(
             (warn(response, warnings), Outcome::Allowed)
         }
     })
+}
+
+/// The pod's name as a denial quotes it: `"web"`, `"web-"*` for one still to be named. Made
+/// only for a denial: an admitted pod is never named.
+fn display_name(r: &Req<'_>, pod: &PodView<'_>) -> String {
+    match r.name {
+        n if !n.is_empty() => format!("{n:?}"),
+        _ => match pod.meta().generate_name.as_ref() {
+            Some(g) => format!("{:?}*", g.as_str()),
+            None => "(unnamed)".into(),
+        },
+    }
 }
 
 fn status_of(inj: &Injector, pod: &PodView<'_>) -> Option<InjectStatus> {
