@@ -563,6 +563,23 @@ fn explain_and_inject_know_namespace_opt_in() {
     ] {
         assert!(report.contains(expected), "{expected:?} not in:\n{report}");
     }
+    // `inject` leaves the refused pod as it is, and says why on standard error.
+    let inject = run_with_stdin(
+        &[
+            "inject",
+            "-f",
+            "-",
+            "--namespace-label",
+            "sidecar-injector.io/inject=required",
+        ],
+        pods.as_bytes(),
+    );
+    assert!(inject.status.success(), "{}", stderr(&inject));
+    let said = stderr(&inject);
+    assert!(
+        said.contains("Pod/out: not injected: its namespace requires sidecars"),
+        "{said}"
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("config.yaml");
     let text = format!(
