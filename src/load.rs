@@ -51,6 +51,12 @@ pub struct SelectionArgs {
     /// as the chart's `webhook.namespaceOptIn.enabled` does.
     #[arg(long, env = "SIDECAR_INJECTOR_NAMESPACE_OPT_IN", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub namespace_opt_in: bool,
+    /// Also select the pods of namespaces labelled `<injectLabel>: required` (a third binding),
+    /// as the chart's `webhook.namespaceOptIn.required` does: the mutating policy injects them
+    /// as in `enabled` namespaces, and the backstop also refuses those that opt out with
+    /// `<injectLabel>: "false"` unless their service account is exempt (`required.exempt`).
+    #[arg(long, env = "SIDECAR_INJECTOR_NAMESPACE_REQUIRED", default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub namespace_required: bool,
     /// Leave namespaces labelled `<this>: "true"` alone, as the chart's `webhook.disabledLabel`.
     #[arg(
         long,
@@ -64,6 +70,7 @@ impl SelectionArgs {
     pub fn selection(&self) -> crate::export::Selection {
         crate::export::Selection {
             namespace_opt_in: self.namespace_opt_in,
+            namespace_required: self.namespace_required,
             disabled_label: self.disabled_label.clone(),
         }
     }

@@ -547,6 +547,55 @@ fn explain_and_inject_know_namespace_opt_in() {
     assert_eq!(names(&docs[1], "initContainers"), ["log-shipper", "proxy"]);
     assert!(docs[2]["spec"].get("initContainers").is_none(), "{out}");
 
+    // A namespace that requires sidecars: the same injection, and an opt-out is refused
+    // unless its service account is exempt, which `explain` says, naming the entry.
+    let required = [
+        "explain",
+        "-f",
+        "-",
+        "--namespace-label",
+        "sidecar-injector.io/inject=required",
+    ];
+    let report = stdout(succeeds(&run_with_stdin(&required, pods.as_bytes()))).to_owned();
+    for expected in [
+        "Pod/plain: injected with [log-shipper, proxy] (opted in by its namespace's label sidecar-injector.io/inject=required); it would get:",
+        "Pod/out: not injected: its namespace requires sidecars (sidecar-injector.io/inject=required), and the pod opts out with sidecar-injector.io/inject=\"false\", which the validating webhook and the backstop refuse: its service account \"default\" is not exempt (required.exempt)",
+    ] {
+        assert!(report.contains(expected), "{expected:?} not in:\n{report}");
+    }
+    // `inject` leaves the refused pod as it is, and says why on standard error.
+    let inject = run_with_stdin(
+        &[
+            "inject",
+            "-f",
+            "-",
+            "--namespace-label",
+            "sidecar-injector.io/inject=required",
+        ],
+        pods.as_bytes(),
+    );
+    assert!(inject.status.success(), "{}", stderr(&inject));
+    let said = stderr(&inject);
+    assert!(
+        said.contains("Pod/out: not injected: its namespace requires sidecars"),
+        "{said}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.yaml");
+    let text = format!(
+        "{}required:\n  exempt: [\"*/default\"]\n",
+        sidecar_injector::config::DEFAULT_CONFIG
+    );
+    std::fs::write(&config, text).expect("written");
+    let config = config.to_str().expect("utf-8");
+    let mut exempt = required.to_vec();
+    exempt.extend(["--config", config]);
+    let report = stdout(succeeds(&run_with_stdin(&exempt, pods.as_bytes()))).to_owned();
+    assert!(
+        report.contains("which it may: its service account \"default\" is exempt (required.exempt: \"*/default\")"),
+        "{report}"
+    );
+
     // A namespace enabled for another revision is that revision's.
     let report = stdout(succeeds(&run_with_stdin(
         &[
@@ -994,6 +1043,51 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
             .as_str()
             .is_some_and(|e| e.contains(&format!(r#"\"config\":\"{digest}\""#))),
         "the policy compares the pod's status with {digest}: {current}"
+    );
+}
+
+/// With `--namespace-required`, both policies get a binding for namespaces labelled
+/// `required`: the backstop's selects the pods that opt out too (its first validation judges
+/// them: the chart's tests evaluate it against the validator), the mutating policy's leaves
+/// them out. Without it, the export is what it was (the snapshots above).
+#[test]
+fn export_binds_required_namespaces_when_asked() {
+    let out = run(&["export", "backstop", "--namespace-required=true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_documents(&stdout(&out));
+    assert_eq!(
+        kinds(&docs)[3],
+        "ValidatingAdmissionPolicyBinding sidecar-injector-backstop-required"
+    );
+    let selects = &docs[3]["spec"]["matchResources"];
+    assert!(selects.get("objectSelector").is_none(), "{selects}");
+    assert!(
+        selects.to_string().contains(
+            r#"{"key":"sidecar-injector.io/inject","operator":"In","values":["required"]}"#
+        ),
+        "{selects}"
+    );
+    let pod_binding = docs[1]["spec"]["matchResources"].to_string();
+    assert!(
+        pod_binding.contains(r#""values":["enabled","required"]"#),
+        "{pod_binding}"
+    );
+    let first = &docs[0]["spec"]["validations"][0];
+    assert_eq!(
+        first["expression"],
+        "!variables.optedOut || variables.exempt || variables.injected.size() == 0"
+    );
+    insta::assert_snapshot!("export_backstop_required", stdout(&out));
+    let out = run(&["export", "mutating", "--namespace-required=true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs = yaml_documents(&stdout(&out));
+    let required = docs
+        .iter()
+        .find(|d| d["metadata"]["name"] == "sidecar-injector-required")
+        .expect("a binding for required namespaces");
+    assert_eq!(
+        required["spec"]["matchResources"]["objectSelector"]["matchExpressions"][0]["values"][0],
+        "false"
     );
 }
 

@@ -447,6 +447,8 @@ fn fuzz_review_parser_and_patch_builder() {
         (Webhook::Validate, Entry::Pod),
         (Webhook::Mutate, Entry::Namespace),
         (Webhook::Validate, Entry::Namespace),
+        (Webhook::Mutate, Entry::Required),
+        (Webhook::Validate, Entry::Required),
     ];
     let mut failure = None;
     // The seeds themselves first, then mutants until the deadline.
@@ -532,7 +534,7 @@ fn found_inputs_stay_answered() {
     );
     for body in &cases {
         for webhook in [Webhook::Mutate, Webhook::Validate] {
-            for entry in [Entry::Pod, Entry::Namespace] {
+            for entry in [Entry::Pod, Entry::Namespace, Entry::Required] {
                 if let Err(problem) = check(&inj, webhook, entry, body) {
                     panic!("{problem}: {}", String::from_utf8_lossy(body));
                 }

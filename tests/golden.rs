@@ -7,7 +7,10 @@
 //! - `deny/mutate-*`: answered by the mutating webhook (all other `deny/` files: the validator);
 //! - `warn-mode-*`: the default configuration with `validation.mode: warn`;
 //! - `tilde-*`: a configuration whose keys contain `/` and `~` (see [`tilde_injector`]);
-//! - `canary-*`: the default configuration with `revision: canary`.
+//! - `canary-*`: the default configuration with `revision: canary`;
+//! - `required-*`: sent by the required entry (`/mutate/required`, `/validate/required`: its
+//!   namespace is labelled `sidecar-injector.io/inject: required`), to the default
+//!   configuration with `required.exempt` (see [`required_injector`]).
 //!
 //! `tests/inputs/kubectl/` holds what `kubectl get ... -o yaml|json` prints (a `kind: List`),
 //! through `inject` and `explain` ([`kubectl`]).
@@ -101,6 +104,19 @@ fn canary_injector() -> Injector {
     .expect("canary configuration loads")
 }
 
+/// The default configuration exempting, in a required namespace, the service account `backup`
+/// of `shop` and `ci-runner` of every namespace.
+fn required_injector() -> Injector {
+    let config = format!("{DEFAULT_CONFIG}required:\n  exempt: [shop/backup, \"*/ci-runner\"]\n");
+    Injector::from_sources(
+        "required.yaml",
+        &config,
+        bundled_templates(),
+        Some(OWN_NAMESPACE.into()),
+    )
+    .expect("required configuration loads")
+}
+
 fn file_name(path: &Path) -> &str {
     path.file_name().and_then(|n| n.to_str()).unwrap_or("")
 }
@@ -113,8 +129,18 @@ fn injector_for(path: &Path) -> Injector {
         tilde_injector()
     } else if name.starts_with("canary-") {
         canary_injector()
+    } else if name.starts_with("required-") {
+        required_injector()
     } else {
         embedded()
+    }
+}
+
+/// The webhook entry that sends a golden input: its file name says (see the module's head).
+fn entry_for(path: &Path) -> Entry {
+    match file_name(path).starts_with("required-") {
+        true => Entry::Required,
+        false => Entry::Pod,
     }
 }
 
@@ -249,7 +275,13 @@ fn check_no_patch(decoded: &Value, problems: &mut Vec<String>) {
     }
 }
 
-fn check_inject(inj: &Injector, request: &Value, outcome: Outcome, decoded: &Value) -> Vec<String> {
+fn check_inject(
+    inj: &Injector,
+    entry: Entry,
+    request: &Value,
+    outcome: Outcome,
+    decoded: &Value,
+) -> Vec<String> {
     let mut problems = Vec::new();
     check_envelope(request, decoded, &mut problems);
     let response = &decoded["response"];
@@ -307,7 +339,7 @@ fn check_inject(inj: &Injector, request: &Value, outcome: Outcome, decoded: &Val
     let namespace = request["request"]["namespace"].as_str();
     let json = pod_json(&pod);
     let view = PodView::parse(&json).expect("a pod reads through the view");
-    match decide(inj, &PodFacts::new(&view, namespace)) {
+    match decide(inj, &PodFacts::new(&view, namespace).with_entry(entry)) {
         Ok(Decision::Inject(plan)) => {
             let again = plan_edits(inj, &view, &plan);
             if !again.is_empty() {
@@ -317,14 +349,14 @@ fn check_inject(inj: &Injector, request: &Value, outcome: Outcome, decoded: &Val
         other => problems.push(format!("the patched pod is no longer injected: {other:?}")),
     }
     let second = with_object(request, &patched);
-    let (outcome, again) = ask(inj, Webhook::Mutate, &second);
+    let (outcome, again) = ask_as(inj, Webhook::Mutate, entry, &second);
     if outcome != Outcome::Allowed || again["response"].get("patch").is_some() {
         problems.push(format!(
             "a reinvocation on the patched pod answers {outcome:?}: {again}"
         ));
     }
     // The companion validator admits what the mutator made, without a word.
-    let (outcome, verdict) = ask(inj, Webhook::Validate, &second);
+    let (outcome, verdict) = ask_as(inj, Webhook::Validate, entry, &second);
     if outcome != Outcome::Allowed
         || verdict["response"]["allowed"] != true
         || verdict["response"].get("warnings").is_some()
@@ -437,10 +469,10 @@ fn each_input(dir: &str, mut check: impl FnMut(&Path) -> (Value, Vec<String>)) {
 #[test]
 fn inject() {
     each_input("inject", |path| {
-        let inj = injector_for(path);
+        let (inj, entry) = (injector_for(path), entry_for(path));
         let request = load_review(path);
-        let (outcome, decoded) = ask(&inj, Webhook::Mutate, &request);
-        let problems = check_inject(&inj, &request, outcome, &decoded);
+        let (outcome, decoded) = ask_as(&inj, Webhook::Mutate, entry, &request);
+        let problems = check_inject(&inj, entry, &request, outcome, &decoded);
         let patched = patched(&request, &decoded).unwrap_or(Value::Null);
         (json!({"answer": decoded, "patched": patched}), problems)
     });
@@ -449,10 +481,10 @@ fn inject() {
 #[test]
 fn skip() {
     each_input("skip", |path| {
-        let inj = injector_for(path);
+        let (inj, entry) = (injector_for(path), entry_for(path));
         let request = load_review(path);
-        let (m_outcome, mutate) = ask(&inj, Webhook::Mutate, &request);
-        let (v_outcome, validate) = ask(&inj, Webhook::Validate, &request);
+        let (m_outcome, mutate) = ask_as(&inj, Webhook::Mutate, entry, &request);
+        let (v_outcome, validate) = ask_as(&inj, Webhook::Validate, entry, &request);
         let problems = check_skip(&inj, &request, (m_outcome, &mutate), (v_outcome, &validate));
         (json!({"mutate": mutate, "validate": validate}), problems)
     });
@@ -461,7 +493,7 @@ fn skip() {
 #[test]
 fn deny() {
     each_input("deny", |path| {
-        let inj = injector_for(path);
+        let (inj, entry) = (injector_for(path), entry_for(path));
         let request = load_review(path);
         let name = file_name(path);
         let webhook = if name.starts_with("mutate-") {
@@ -469,7 +501,7 @@ fn deny() {
         } else {
             Webhook::Validate
         };
-        let (outcome, decoded) = ask(&inj, webhook, &request);
+        let (outcome, decoded) = ask_as(&inj, webhook, entry, &request);
         let problems = check_deny(&request, name.starts_with("warn-mode-"), outcome, &decoded);
         (decoded, problems)
     });
@@ -788,7 +820,7 @@ fn two_thousand_env_vars_per_container() {
     });
     let request = create_review("0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0", pod);
     let (outcome, decoded) = ask(&inj, Webhook::Mutate, &request);
-    let problems = check_inject(&inj, &request, outcome, &decoded);
+    let problems = check_inject(&inj, Entry::Pod, &request, outcome, &decoded);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 
     let patched = patched(&request, &decoded).expect("patch applies");

@@ -968,7 +968,7 @@ fn same_on_both_roads(body: &[u8], clean: &[u8], what: &str) -> Result<(), TestC
     use sidecar_injector::review::{answer_for, answer_typed};
     for which in 0..2 {
         for webhook in [Webhook::Mutate, Webhook::Validate] {
-            for entry in [Entry::Pod, Entry::Namespace] {
+            for entry in [Entry::Pod, Entry::Namespace, Entry::Required] {
                 let (view, typed, view_clean) = with_injector(which, |inj| {
                     (
                         answer_for(inj, webhook, entry, body),
@@ -1522,7 +1522,7 @@ proptest! {
         let mut pod = case.pod.clone();
         pod.as_object_mut().expect("a pod").remove("metadata");
         let body = review("CREATE", &case.namespace, &pod, None);
-        for entry in [Entry::Pod, Entry::Namespace] {
+        for entry in [Entry::Pod, Entry::Namespace, Entry::Required] {
             let answer = answer_for(&inj, Webhook::Mutate, entry, &body)
                 .expect("a review with a uid is answered");
             let response = decoded(&answer.body);

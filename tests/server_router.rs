@@ -173,6 +173,45 @@ async fn the_namespace_paths_answer_for_the_namespace_entry() {
     assert!(String::from_utf8_lossy(&bytes).contains("/validate/namespace"));
 }
 
+/// The required entry's paths: a pod that opts out is left alone on /mutate/required and
+/// refused on /validate/required (where /validate/namespace admits it), with the sentence
+/// that names its namespace; one that does not opt out is injected on /mutate/required.
+#[tokio::test]
+async fn the_required_paths_answer_for_the_required_entry() {
+    let s = state();
+    let mut review: serde_json::Value =
+        serde_json::from_slice(&server_support::review("uid-req")).unwrap();
+    review["request"]["namespace"] = "shop".into();
+    review["request"]["object"]["metadata"]["labels"] =
+        serde_json::json!({"app": "web", "sidecar-injector.io/inject": "false"});
+    let opted_out = serde_json::to_vec(&review).unwrap();
+    let json = |bytes: &Bytes| serde_json::from_slice::<serde_json::Value>(bytes).unwrap();
+    let (status, _, bytes) = call(&s, post("/mutate/required", opted_out.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json(&bytes);
+    assert_eq!(v["response"]["allowed"], true, "{v}");
+    assert!(v["response"].get("patch").is_none(), "{v}");
+    let (_, _, bytes) = call(&s, post("/validate/required", opted_out.clone())).await;
+    let v = json(&bytes);
+    assert_eq!(v["response"]["allowed"], false, "{v}");
+    assert_eq!(v["response"]["status"]["code"], 403, "{v}");
+    let message = v["response"]["status"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("its namespace \"shop\" requires sidecars")
+            && message.contains("required.exempt"),
+        "{message}"
+    );
+    let (_, _, bytes) = call(&s, post("/validate/namespace", opted_out)).await;
+    assert_eq!(json(&bytes)["response"]["allowed"], true);
+
+    review["request"]["object"]["metadata"]["labels"] = serde_json::json!({"app": "web"});
+    let plain = serde_json::to_vec(&review).unwrap();
+    let (_, _, bytes) = call(&s, post("/mutate/required", plain)).await;
+    assert_eq!(json(&bytes)["response"]["patchType"], "JSONPatch");
+    let (_, _, bytes) = call(&s, post("/mutate/other", "{}")).await;
+    assert!(String::from_utf8_lossy(&bytes).contains("/validate/required"));
+}
+
 #[tokio::test]
 async fn unknown_path_is_404_and_wrong_method_is_405() {
     let s = state();

@@ -1473,6 +1473,10 @@ async fn release_backstop(cx: &Ctx, ns: &str, release: &str, on: bool) -> anyhow
             "ValidatingAdmissionPolicyBinding",
             format!("{policy}-namespace"),
         ),
+        (
+            "ValidatingAdmissionPolicyBinding",
+            format!("{policy}-required"),
+        ),
         ("ValidatingAdmissionPolicy", policy.clone()),
     ] {
         match admission_api(cx, "v1", kind)
@@ -2433,9 +2437,17 @@ async fn certificates_roll_over(cx: &Ctx, release_ns: &str, values: &str) -> any
     )
     .await?;
     // The chart renders the Secret empty (so `helm uninstall` deletes it); the server fills it.
-    let labels = secrets.get(&secret).await?.metadata.labels.unwrap_or_default();
+    let labels = secrets
+        .get(&secret)
+        .await?
+        .metadata
+        .labels
+        .unwrap_or_default();
     ensure!(
-        labels.get("app.kubernetes.io/managed-by").map(String::as_str) == Some("Helm"),
+        labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str)
+            == Some("Helm"),
         "Secret {secret} is not the chart's: labels {labels:?}"
     );
     let (first, _, _) = stored().await?;

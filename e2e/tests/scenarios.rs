@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context as _, ensure};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, ServiceAccount};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -1136,6 +1136,18 @@ impl OwnServer {
         port: u16,
         args: &[std::ffi::OsString],
     ) -> anyhow::Result<Self> {
+        Self::start_with(env, release_ns, revision, port, args, "").await
+    }
+
+    /// [`Self::start`], with `extra` (top-level keys) appended to its configuration.
+    async fn start_with(
+        env: &Env,
+        release_ns: &str,
+        revision: &str,
+        port: u16,
+        args: &[std::ffi::OsString],
+        extra: &str,
+    ) -> anyhow::Result<Self> {
         let bin = env.injector_bin.as_ref().context("no E2E_INJECTOR_BIN")?;
         let host = env.host.as_str();
         let dir = std::env::temp_dir().join(format!("sidecar-injector-e2e-{release_ns}"));
@@ -1152,10 +1164,12 @@ impl OwnServer {
             "the configuration has no `revision: \"\"` line"
         );
         let config = dir.join("config.yaml");
-        std::fs::write(
-            &config,
-            base.replace("revision: \"\"", &format!("revision: {revision}")),
-        )?;
+        let mut text = base.replace("revision: \"\"", &format!("revision: {revision}"));
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(extra);
+        std::fs::write(&config, text)?;
         let admin = closed_port("127.0.0.1").await?;
         let log = std::fs::File::create(dir.join("server.log"))?;
         let process = tokio::process::Command::new(bin)
@@ -2965,4 +2979,156 @@ async fn certificates_rotate(
     );
     ensure!(errors == 0.0, "{errors} certificate steps failed");
     Ok(())
+}
+
+/// 30. Required namespaces (issue 63): a second server as revision `req` whose configuration
+/// exempts the service account `backup` of the required namespace, and a chart release with
+/// `webhook.namespaceOptIn.required=true`. In the namespace labelled
+/// `sidecar-injector.io/inject: required`, a pod without the label is injected; one that says
+/// "false" is refused by the validating webhook with the sentence that names the namespace
+/// and required.exempt; the same pod run as `backup` is admitted without sidecars. In a
+/// namespace labelled `enabled` for the same revision, a pod that says "false" is admitted
+/// untouched, as before.
+#[tokio::test]
+async fn s30_a_required_namespace_refuses_an_opt_out_unless_exempt() -> anyhow::Result<()> {
+    scenario(
+        "s30-required",
+        &[
+            Need::ServerUrl,
+            Need::ProcessControl,
+            Need::LoopbackWebhooks,
+        ],
+        |cx| async move {
+            let ca = cx.env.ca_cert.clone().context("no CA_CERT")?;
+            let release_ns = cx.extra_namespace("required-release", &[]).await?;
+            let required_ns = cx
+                .extra_namespace(
+                    "required",
+                    &[(INJECT_LABEL, "required"), (REVISION_LABEL, "req")],
+                )
+                .await?;
+            let enabled_ns = cx
+                .extra_namespace(
+                    "req-enabled",
+                    &[(INJECT_LABEL, NAMESPACE_ENABLED), (REVISION_LABEL, "req")],
+                )
+                .await?;
+            let (release, fullname) = ("e2e-required", "e2e-required-sidecar-injector-req");
+            let cert = cx
+                .env
+                .injector_cert
+                .clone()
+                .context("no E2E_INJECTOR_CERT")?;
+            let key = cx.env.injector_key.clone().context("no E2E_INJECTOR_KEY")?;
+            let port = closed_port(&cx.env.host).await?;
+            let tls = [
+                "--tls-cert-file".into(),
+                cert.into(),
+                "--tls-key-file".into(),
+                key.into(),
+            ];
+            let exempt = format!("{required_ns}/backup");
+            let server = OwnServer::start_with(
+                &cx.env,
+                &release_ns,
+                "req",
+                port,
+                &tls,
+                &format!("required:\n  exempt: [\"{exempt}\"]\n"),
+            )
+            .await?;
+            let outcome = async {
+                let accounts: Api<ServiceAccount> =
+                    Api::namespaced(cx.client.clone(), &required_ns);
+                let backup: ServiceAccount =
+                    serde_json::from_value(json!({"metadata": {"name": "backup"}}))?;
+                accounts.create(&PostParams::default(), &backup).await?;
+                helm_install_url_mode(
+                    &cx,
+                    release,
+                    &release_ns,
+                    &format!("https://{}:{port}", cx.env.host),
+                    &ca,
+                    &[
+                        "revision=req",
+                        "webhook.namespaceOptIn.required=true",
+                        &format!("config.required.exempt={{{exempt}}}"),
+                    ],
+                )
+                .await?;
+                let v = validating(&cx.client).get(fullname).await?;
+                let names: Vec<&str> = v
+                    .webhooks
+                    .iter()
+                    .flatten()
+                    .map(|w| w.name.as_str())
+                    .collect();
+                ensure!(
+                    names
+                        == [
+                            "req.validate.sidecar-injector.io",
+                            "req.namespace.validate.sidecar-injector.io",
+                            "req.required.validate.sidecar-injector.io"
+                        ],
+                    "the release's validating webhooks are {names:?}"
+                );
+                let pods = cx.pods_in(&required_ns);
+                eventually(
+                    "the req server and webhooks to inject",
+                    Duration::from_secs(60),
+                    || async {
+                        match dry_run(&pods, &app_pod("probe")).await {
+                            Ok(pod) if status_annotation(&pod).is_some() => Ok(Some(())),
+                            Ok(_) => Ok(None),
+                            Err(e) => anyhow::bail!(
+                                "dry run refused: {}",
+                                sidecar_injector_e2e::cluster::refusal(&e)
+                            ),
+                        }
+                    },
+                )
+                .await?;
+                let stored = accepts(&pods, &app_pod("plain")).await?;
+                check_injected(&stored).context("a pod without the label")?;
+
+                let opted_out = labelled(app_pod("opted-out"), INJECT_LABEL, "false");
+                let refusal = rejects(&pods, &opted_out).await?;
+                for expected in [
+                    format!("its namespace \"{required_ns}\" requires sidecars"),
+                    format!("exempt in \"{required_ns}\": \"backup\""),
+                    "the pod runs as \"default\"".to_owned(),
+                    "required.exempt".to_owned(),
+                ] {
+                    ensure!(
+                        refusal.contains(&expected),
+                        "the refusal does not say {expected:?}: {refusal}"
+                    );
+                }
+
+                let mut exempt_pod = labelled(app_pod("backup"), INJECT_LABEL, "false");
+                if let Some(spec) = exempt_pod.spec.as_mut() {
+                    spec.service_account_name = Some("backup".into());
+                }
+                let stored = accepts(&pods, &exempt_pod).await?;
+                check_untouched(&stored).context("the exempt service account's pod")?;
+
+                // An enabled namespace is as it was: the pod that says "false" goes untouched.
+                let stored = accepts(
+                    &cx.pods_in(&enabled_ns),
+                    &labelled(app_pod("opted-out"), INJECT_LABEL, "false"),
+                )
+                .await?;
+                check_untouched(&stored).context("an opt-out in an enabled namespace")
+            }
+            .await;
+            let uninstalled = helm_uninstall(&cx, release, &release_ns).await;
+            drop(server);
+            for ns in [&required_ns, &enabled_ns, &release_ns] {
+                let _ = cx.delete_namespace(ns).await;
+            }
+            outcome?;
+            uninstalled.map(|_| ())
+        },
+    )
+    .await
 }

@@ -75,8 +75,9 @@ pub enum Command {
         #[arg(long)]
         validate: bool,
         /// Answer as the server answers a POST to this path: /mutate or /validate (the entry
-        /// for pods opted in by their own label) or /mutate/namespace or /validate/namespace
-        /// (the entry for pods in a namespace labelled `sidecar-injector.io/inject: enabled`).
+        /// for pods opted in by their own label), /mutate/namespace or /validate/namespace
+        /// (the entry for pods in a namespace labelled `sidecar-injector.io/inject: enabled`),
+        /// or /mutate/required or /validate/required (a namespace labelled `required`).
         #[arg(long = "path", value_name = "PATH", conflicts_with = "validate")]
         webhook_path: Option<String>,
         #[command(flatten)]

@@ -60,6 +60,12 @@ pub struct ConfigFile {
     pub skip: SkipRules,
     #[serde(default)]
     pub validation: Validation,
+    /// Namespaces labelled `<injectLabel>: required`: who may run there without sidecars.
+    /// Left out of the digest when empty, so that a configuration without it keeps the digest
+    /// (and the status annotations) it had; written into it otherwise, so that a backstop
+    /// exported before an exemption changed is seen to be behind.
+    #[serde(default, skip_serializing_if = "Required::is_empty")]
+    pub required: Required,
     /// Directory of `NAME.yaml.j2` templates, relative to the configuration file. Absent: the
     /// bundled templates.
     #[serde(default)]
@@ -94,6 +100,65 @@ impl Default for SkipRules {
 pub struct Validation {
     #[serde(default)]
     pub mode: ValidationMode,
+}
+
+/// What a namespace labelled `<injectLabel>: required` lets through without sidecars.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Required {
+    /// `namespace/serviceaccount` entries (`*/serviceaccount`: in every namespace): a pod
+    /// running as such a service account (`spec.serviceAccountName`, `default` when unset, as
+    /// the ServiceAccount admission plugin sets it before any webhook) may opt out with
+    /// `<injectLabel>: "false"` in a required namespace. Nobody else may.
+    #[serde(default)]
+    pub exempt: Vec<String>,
+}
+
+impl Required {
+    pub fn is_empty(&self) -> bool {
+        self.exempt.is_empty()
+    }
+
+    /// The entry of [`Self::exempt`] that exempts service account `service_account` of
+    /// `namespace`, if one does.
+    pub fn exemption(&self, namespace: &str, service_account: &str) -> Option<&str> {
+        self.exempt.iter().map(String::as_str).find(|e| {
+            e.split_once('/')
+                .is_some_and(|(ns, sa)| (ns == "*" || ns == namespace) && sa == service_account)
+        })
+    }
+
+    /// The service accounts exempt in `namespace`, in the order the configuration lists them,
+    /// each once.
+    pub fn exempt_in(&self, namespace: &str) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for (ns, sa) in self.exempt.iter().filter_map(|e| e.split_once('/')) {
+            if (ns == "*" || ns == namespace) && !out.contains(&sa) {
+                out.push(sa);
+            }
+        }
+        out
+    }
+
+    /// Why an entry of [`Self::exempt`] is not one, if one is not: each must be
+    /// `namespace/serviceaccount`, the namespace a DNS label or `*`, the service account a
+    /// DNS subdomain (never `*`: a namespace whose every pod may opt out is one labelled
+    /// `enabled`, not `required`).
+    fn problem(&self) -> Option<String> {
+        self.exempt.iter().find_map(|e| {
+            let ok = e.split_once('/').is_some_and(|(ns, sa)| {
+                (ns == "*" || is_dns_label(ns))
+                    && !sa.is_empty()
+                    && sa.len() <= 253
+                    && sa.split('.').all(is_dns_label)
+            });
+            (!ok).then(|| {
+                format!(
+                    "required.exempt entry {e:?} is not NAMESPACE/SERVICEACCOUNT (NAMESPACE may be * for every namespace; SERVICEACCOUNT is a name, never *: label a namespace {NAMESPACE_ENABLED}, not {NAMESPACE_REQUIRED}, to let every pod opt out)"
+                )
+            })
+        })
+    }
 }
 
 /// What the validating webhook does with its findings.
@@ -210,6 +275,12 @@ impl Injector {
                 ),
             });
         }
+        if let Some(message) = config.required.problem() {
+            return Err(ConfigError::Invalid {
+                path: origin.to_owned(),
+                message,
+            });
+        }
         let own_namespace = own_namespace.filter(|ns| !ns.is_empty());
         let digest = config_digest(&config, &templates);
         let mut advisories = Vec::new();
@@ -293,6 +364,10 @@ fn config_digest(config: &ConfigFile, templates: &TemplateSet) -> String {
 
 /// The value of the inject label on a namespace that opts all its pods in.
 pub const NAMESPACE_ENABLED: &str = "enabled";
+
+/// The value of the inject label on a namespace that opts all its pods in and refuses those
+/// that arrive without their sidecars, unless exempt ([`Required::exempt`]).
+pub const NAMESPACE_REQUIRED: &str = "required";
 
 /// A DNS-1123 label: what a revision must be, since it goes into label values and object names.
 pub fn is_dns_label(s: &str) -> bool {
@@ -397,6 +472,48 @@ mod tests {
         for bad in ["Canary", "-x", "a_b", "x-"] {
             let err = load(bad).expect_err(bad);
             assert!(err.to_string().contains("not a DNS label"), "{err}");
+        }
+    }
+
+    /// Exemptions are `namespace/serviceaccount`, `*` for every namespace; a malformed one, or
+    /// `*` for the service account, fails the load. An empty list leaves the digest alone; a
+    /// list is part of it.
+    #[test]
+    fn required_exemptions_are_checked_and_matched() {
+        let load = |extra: &str| {
+            Injector::from_sources(
+                "c.yaml",
+                &format!("{DEFAULT_CONFIG}{extra}"),
+                bundled_templates(),
+                None,
+            )
+        };
+        let base = load("").expect("loads").digest;
+        assert_eq!(
+            load("required: {exempt: []}\n").expect("loads").digest,
+            base
+        );
+        let inj =
+            load("required:\n  exempt: [ci/runner, \"*/backup\", ci/runner]\n").expect("loads");
+        assert_ne!(inj.digest, base);
+        let r = &inj.config.required;
+        assert_eq!(r.exemption("ci", "runner"), Some("ci/runner"));
+        assert_eq!(r.exemption("shop", "backup"), Some("*/backup"));
+        assert_eq!(r.exemption("shop", "runner"), None);
+        assert_eq!(r.exemption("ci", "default"), None);
+        assert_eq!(r.exempt_in("ci"), ["runner", "backup"]);
+        assert_eq!(r.exempt_in("shop"), ["backup"]);
+        for bad in [
+            "runner",
+            "ci/*",
+            "ci/",
+            "/runner",
+            "Ci/runner",
+            "a/b/c",
+            "*/",
+        ] {
+            let err = load(&format!("required: {{exempt: [\"{bad}\"]}}\n")).expect_err(bad);
+            assert!(err.to_string().contains("required.exempt entry"), "{err}");
         }
     }
 

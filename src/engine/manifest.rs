@@ -14,7 +14,8 @@ use serde_json::Value;
 use crate::engine::config::Injector;
 use crate::engine::context::Owner;
 use crate::engine::inject::{
-    Decision, Edit, Entry, InjectError, PodFacts, SkipReason, decide, opt_in, plan_edits, to_patch,
+    Decision, Edit, Entry, InjectError, OptOut, PodFacts, SkipReason, decide, opt_in, plan_edits,
+    required_opt_out, to_patch,
 };
 use crate::engine::view::PodView;
 
@@ -103,6 +104,9 @@ pub struct Object {
     pub outcome: DocOutcome,
     /// Its pod template carries the opt-in label with "true" (the configuration's `injectLabel`).
     pub labelled: bool,
+    /// It opts out where its namespace requires sidecars, and nothing exempts it: the webhooks
+    /// would refuse it.
+    pub refused: bool,
     /// The object names no namespace and none was given: it was rendered for `default`.
     pub namespace_guessed: bool,
     /// What the webhook would answer as admission warnings for it (a kept container, a
@@ -117,8 +121,9 @@ impl Object {
             DocOutcome::Skipped(_)
             | DocOutcome::AlreadyInjected { .. }
             | DocOutcome::NotATemplate(_) => true,
-            // Its label asks, but another revision's, or a namespace rule, decides.
-            DocOutcome::NotOptedIn(_) => self.labelled,
+            // Its label asks, but another revision's, or a namespace rule, decides; or it opts
+            // out where that is refused.
+            DocOutcome::NotOptedIn(_) => self.labelled || self.refused,
             DocOutcome::Passthrough | DocOutcome::Injected { .. } | DocOutcome::Failed(_) => false,
         }
     }
@@ -599,6 +604,7 @@ fn process_one(
             id,
             outcome,
             labelled: false,
+            refused: false,
             namespace_guessed: false,
             warnings: Vec::new(),
         };
@@ -637,6 +643,7 @@ fn process_one(
             name: str_at(value, "/metadata/name").to_owned(),
         });
     }
+    let refused = required_opt_out(inj, &facts) == Some(OptOut::Refused);
     let mut patch = None;
     let mut warnings = Vec::new();
     let outcome = match decide(inj, &facts) {
@@ -696,6 +703,7 @@ fn process_one(
         id,
         outcome,
         labelled,
+        refused,
         namespace_guessed,
         warnings,
     };

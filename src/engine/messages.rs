@@ -108,3 +108,32 @@ pub fn target_missing(annotation: &str, name: &str) -> String {
         "annotation {annotation} names {name:?}, which is not one of the pod's own containers or init containers: nothing of the templates is added to it"
     )
 }
+
+/// The refusal of a pod that opts out (`label: "false"`) in a namespace labelled
+/// `label: required`, by the validating webhook and by the backstop alike. `pod` is its name,
+/// quoted (`"web"`, or `"web-"*` for one still to be named); `exempt_here` the service
+/// accounts exempt in `namespace` ([`listed`]).
+pub fn required_opt_out(
+    pod: &str,
+    label: &str,
+    required: &str,
+    namespace: &str,
+    service_account: &str,
+    exempt_here: &str,
+) -> String {
+    format!(
+        "sidecar-injector: pod {pod} opts out of sidecar injection ({label}=\"false\"), but its namespace {namespace:?} requires sidecars ({label}={required}). Only pods of the service accounts the injector's configuration exempts (required.exempt) may run there without them; exempt in {namespace:?}: {exempt_here}; the pod runs as {service_account:?}. To fix: remove the label {label} from the pod so that it is injected, or ask the injector's operator to add \"{namespace}/{service_account}\" to required.exempt"
+    )
+}
+
+/// Names in a sentence: `"a", "b"`, or `none` for no name.
+pub fn listed(names: &[&str]) -> String {
+    if names.is_empty() {
+        return "none".into();
+    }
+    names
+        .iter()
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

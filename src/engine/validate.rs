@@ -9,8 +9,10 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::Container;
 use serde_json::Value;
 
-use crate::engine::config::Injector;
-use crate::engine::inject::{Plan, Status, revision_name};
+use crate::engine::config::{Injector, NAMESPACE_REQUIRED};
+use crate::engine::inject::{
+    Entry, OptOut, Plan, PodFacts, Status, required_opt_out, revision_name,
+};
 use crate::engine::messages;
 use crate::engine::view::{ContainerView, PodView};
 
@@ -297,25 +299,48 @@ fn prune(value: Value) -> Option<Value> {
     }
 }
 
-/// The message a person sees when the validator denies a pod.
-pub fn denial_message(inj: &Injector, pod_name: &str, problems: &[String]) -> String {
+/// The message a person sees when the validator denies a pod sent by `entry`.
+pub fn denial_message(inj: &Injector, entry: Entry, pod_name: &str, problems: &[String]) -> String {
     let list: Vec<String> = problems
         .iter()
         .enumerate()
         .map(|(i, p)| format!("({}) {p}", i + 1))
         .collect();
-    format!(
-        "sidecar-injector: pod {pod_name} opted in to sidecar injection ({label}=true) but {}: {}. \
-         To fix: create the pod with the injector's mutating webhook available and leave its sidecars unchanged \
-         (for a controller's pod, delete it and let the controller recreate it), or opt out by removing the label {label}",
-        if problems.len() == 1 {
-            "has a problem"
-        } else {
-            "has problems"
-        },
-        list.join("; "),
-        label = inj.config.inject_label,
-    )
+    let label = &inj.config.inject_label;
+    let has = if problems.len() == 1 {
+        "has a problem"
+    } else {
+        "has problems"
+    };
+    let list = list.join("; ");
+    let recreate = "To fix: create the pod with the injector's mutating webhook available and leave its sidecars unchanged \
+         (for a controller's pod, delete it and let the controller recreate it)";
+    match entry {
+        // Its namespace requires sidecars: removing a label does not let it out.
+        Entry::Required => format!(
+            "sidecar-injector: pod {pod_name} is in a namespace that requires sidecars ({label}={NAMESPACE_REQUIRED}) but {has}: {list}. {recreate}"
+        ),
+        Entry::Pod | Entry::Namespace => format!(
+            "sidecar-injector: pod {pod_name} opted in to sidecar injection ({label}=true) but {has}: {list}. {recreate}, or opt out by removing the label {label}"
+        ),
+    }
+}
+
+/// The refusal of a pod that opts out where its namespace requires sidecars and whose service
+/// account is not exempt; `None` for any other pod. `pod_name` as [`denial_message`] takes it.
+pub fn required_refusal(inj: &Injector, facts: &PodFacts<'_>, pod_name: &str) -> Option<String> {
+    if required_opt_out(inj, facts)? != OptOut::Refused {
+        return None;
+    }
+    let cfg = &inj.config;
+    Some(messages::required_opt_out(
+        pod_name,
+        &cfg.inject_label,
+        NAMESPACE_REQUIRED,
+        facts.namespace,
+        facts.service_account(),
+        &messages::listed(&cfg.required.exempt_in(facts.namespace)),
+    ))
 }
 
 #[cfg(test)]
@@ -401,7 +426,7 @@ mod tests {
         pod.metadata.annotations = None;
         let f = findings(&inj, &pod, &plan);
         assert_eq!(f.len(), 3, "{f:?}");
-        let message = denial_message(&inj, "\"web\"", &f);
+        let message = denial_message(&inj, Entry::Pod, "\"web\"", &f);
         assert!(
             message.contains("(1)") && message.contains("(3)"),
             "{message}"
@@ -419,6 +444,65 @@ mod tests {
             f.iter()
                 .any(|m| m.contains("must be in spec.initContainers")),
             "{f:?}"
+        );
+    }
+
+    /// The refusal names the namespace, who is exempt there (the entries for it and for every
+    /// namespace, each service account once) and the pod's own service account; an exempt
+    /// pod, or one sent by another entry, is not refused.
+    #[test]
+    fn an_opt_out_in_a_required_namespace_is_refused_with_who_may() {
+        let config = format!(
+            "{}required:\n  exempt: [ci/runner, \"*/backup\", shop/backup]\n",
+            crate::engine::config::DEFAULT_CONFIG
+        );
+        let inj = Injector::from_sources(
+            "required.yaml",
+            &config,
+            crate::engine::config::bundled_templates(),
+            None,
+        )
+        .expect("loads");
+        let json = br#"{"metadata":{"name":"web","labels":{"sidecar-injector.io/inject":"false"}},"spec":{"serviceAccountName":"app","containers":[{"name":"app"}]}}"#;
+        let pod = PodView::parse(json).expect("view");
+        let refusal = |ns: &str, entry: Entry| {
+            let facts = PodFacts::new(&pod, Some(ns)).with_entry(entry);
+            required_refusal(&inj, &facts, "\"web\"")
+        };
+        let message = refusal("shop", Entry::Required).expect("refused");
+        assert_eq!(
+            message,
+            "sidecar-injector: pod \"web\" opts out of sidecar injection (sidecar-injector.io/inject=\"false\"), but its namespace \"shop\" requires sidecars (sidecar-injector.io/inject=required). Only pods of the service accounts the injector's configuration exempts (required.exempt) may run there without them; exempt in \"shop\": \"backup\"; the pod runs as \"app\". To fix: remove the label sidecar-injector.io/inject from the pod so that it is injected, or ask the injector's operator to add \"shop/app\" to required.exempt"
+        );
+        assert!(
+            refusal("ci", Entry::Required)
+                .expect("refused")
+                .contains("exempt in \"ci\": \"runner\", \"backup\";")
+        );
+        assert_eq!(refusal("shop", Entry::Namespace), None);
+        let exempt = br#"{"metadata":{"name":"web","labels":{"sidecar-injector.io/inject":"false"}},"spec":{"serviceAccountName":"backup","containers":[{"name":"app"}]}}"#;
+        let pod = PodView::parse(exempt).expect("view");
+        let facts = PodFacts::new(&pod, Some("shop")).with_entry(Entry::Required);
+        assert_eq!(required_refusal(&inj, &facts, "\"web\""), None);
+        // Without exemptions, the sentence says so.
+        let plain = Injector::embedded(None).expect("loads");
+        let pod = PodView::parse(json).expect("view");
+        let facts = PodFacts::new(&pod, Some("shop")).with_entry(Entry::Required);
+        let message = required_refusal(&plain, &facts, "\"web\"").expect("refused");
+        assert!(message.contains("exempt in \"shop\": none;"), "{message}");
+    }
+
+    #[test]
+    fn a_required_namespace_denial_does_not_advise_opting_out() {
+        let inj = Injector::embedded(None).expect("loads");
+        let problems = ["a problem".to_owned()];
+        let required = denial_message(&inj, Entry::Required, "\"web\"", &problems);
+        assert!(required.contains("requires sidecars (sidecar-injector.io/inject=required) but has a problem: (1) a problem. To fix:"), "{required}");
+        assert!(!required.contains("opt out"), "{required}");
+        let pod = denial_message(&inj, Entry::Pod, "\"web\"", &problems);
+        assert!(
+            pod.ends_with("or opt out by removing the label sidecar-injector.io/inject"),
+            "{pod}"
         );
     }
 }

@@ -5,7 +5,7 @@
 
 use serde_json::{Value, json};
 
-use crate::engine::config::{Injector, ValidationMode};
+use crate::engine::config::{Injector, NAMESPACE_REQUIRED, ValidationMode};
 use crate::engine::messages;
 use crate::engine::template::Fragment;
 use crate::export::cel;
@@ -28,8 +28,11 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
     }
     let fragments = fragments(inj, &names)?;
     let refusals = override_refusals(inj, &names);
-    let variables = variables(inj, &names, &fragments, images, refusals.as_deref());
-    let validations = validations(inj, &names, refusals.is_some());
+    let mut variables = variables(inj, &names, &fragments, images, refusals.as_deref());
+    let mut validations = validations(inj, &names, refusals.is_some());
+    if sel.namespace_required {
+        required(inj, &mut variables, &mut validations);
+    }
     let cfg = &inj.config;
     let base = base_name(inj);
     let action = match cfg.validation.mode {
@@ -51,7 +54,7 @@ pub fn backstop(inj: &Injector, sel: &Selection, images: bool) -> Result<Vec<Val
         },
     });
     let mut docs = vec![policy];
-    for (suffix, selectors) in bindings(inj, sel) {
+    for (suffix, selectors) in bindings(inj, sel, true) {
         docs.push(json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingAdmissionPolicyBinding",
@@ -251,6 +254,105 @@ fn validations(inj: &Injector, names: &[String], overrides: bool) -> Value {
     }
     validations
 }
+
+/// What a namespace labelled `<injectLabel>: required` adds (its binding selects the pods that
+/// opt out too): a pod that says `"false"` there is held to nothing else (`current` is false
+/// for it) and is refused first, with the validator's words, unless its service account is
+/// exempt (`required.exempt`) or it would get no template anyway. Who is exempt in each namespace the configuration names, and
+/// in every other, is written out here, so the message lists them as the validator does.
+fn required(inj: &Injector, variables: &mut Value, validations: &mut Value) {
+    let cfg = &inj.config;
+    let label = cel::string(&cfg.inject_label);
+    let exempt = &cfg.required;
+    let mut named: Vec<&str> = exempt
+        .exempt
+        .iter()
+        .filter_map(|e| e.split_once('/').map(|(ns, _)| ns))
+        .filter(|ns| *ns != "*")
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    let here: Vec<String> = named
+        .iter()
+        .map(|ns| {
+            format!(
+                "{}: {}",
+                cel::string(ns),
+                cel::string(&messages::listed(&exempt.exempt_in(ns)))
+            )
+        })
+        .collect();
+    let elsewhere = cel::string(&messages::listed(&exempt.exempt_in("*")));
+    let listed = match here.is_empty() {
+        true => elsewhere,
+        false => {
+            let here = format!("{{{}}}", here.join(", "));
+            format!("(request.namespace in {here} ? {here}[request.namespace] : {elsewhere})")
+        }
+    };
+    let entries = cel::strings(exempt.exempt.iter().map(String::as_str));
+    let exempt = match exempt.is_empty() {
+        true => "false".to_owned(),
+        false => format!(
+            "(request.namespace + \"/\" + variables.serviceAccount) in {entries} || (\"*/\" + variables.serviceAccount) in {entries}"
+        ),
+    };
+    let text = messages::required_opt_out(
+        "@P@",
+        &cfg.inject_label,
+        NAMESPACE_REQUIRED,
+        "@N@",
+        "@S@",
+        "@E@",
+    );
+    let mut message = cel::string(&text);
+    for (marker, expr) in [
+        ("@P@", QUOTED_NAME_EXPR.to_owned()),
+        ("@N@", "request.namespace".to_owned()),
+        ("@S@", "variables.serviceAccount".to_owned()),
+        ("@E@", "variables.exemptHere".to_owned()),
+    ] {
+        message = message.replace(marker, &format!("\" + {expr} + \""));
+    }
+    let added = [
+        json!({"name": "required", "expression": format!("has(namespaceObject.metadata.labels) && {label} in namespaceObject.metadata.labels && namespaceObject.metadata.labels[{label}] == {}", cel::string(NAMESPACE_REQUIRED))}),
+        json!({"name": "optedOut", "expression": format!("variables.required && has(object.metadata.labels) && {label} in object.metadata.labels && object.metadata.labels[{label}] == \"false\"")}),
+        json!({"name": "serviceAccount", "expression": "has(object.spec.serviceAccountName) && object.spec.serviceAccountName != \"\" ? object.spec.serviceAccountName : \"default\""}),
+        json!({"name": "exempt", "expression": exempt}),
+        json!({"name": "exemptHere", "expression": listed}),
+    ];
+    if let Some(list) = variables.as_array_mut() {
+        if let Some(current) = list
+            .iter_mut()
+            .find(|v| v["name"] == "current")
+            .and_then(|v| v.get_mut("expression"))
+        {
+            *current = format!(
+                "!variables.optedOut && ({})",
+                current.as_str().unwrap_or("true")
+            )
+            .into();
+        }
+        for (i, v) in added.into_iter().enumerate() {
+            list.insert(i, v);
+        }
+    }
+    if let Some(list) = validations.as_array_mut() {
+        list.insert(
+            0,
+            json!({
+                // A pod that gets no template anyway (Windows, another mesh's proxy) is let by,
+                // as the webhook lets it by (`rules::skipped_anyway`).
+                "expression": "!variables.optedOut || variables.exempt || variables.injected.size() == 0",
+                "messageExpression": message,
+                "reason": "Forbidden",
+            }),
+        );
+    }
+}
+
+/// The pod's name as the validator quotes it: `"web"`, `"web-"*` for one still to be named.
+const QUOTED_NAME_EXPR: &str = "(has(object.metadata.name) && object.metadata.name != \"\" ? \"\\\"\" + object.metadata.name + \"\\\"\" : (has(object.metadata.generateName) ? \"\\\"\" + object.metadata.generateName + \"\\\"*\" : \"(unnamed)\"))";
 
 /// The webhook's refusal of the first override not allowed, for template `t` (CEL, a name the
 /// pod asks for): `""` when there is none.

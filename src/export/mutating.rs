@@ -76,7 +76,7 @@ pub fn mutating(
             }],
         },
     })];
-    for (suffix, selectors) in bindings(inj, sel) {
+    for (suffix, selectors) in bindings(inj, sel, false) {
         docs.push(json!({
             "apiVersion": api,
             "kind": "MutatingAdmissionPolicyBinding",

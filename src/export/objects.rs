@@ -4,7 +4,7 @@
 
 use serde_json::{Value, json};
 
-use crate::engine::config::{Injector, NAMESPACE_ENABLED};
+use crate::engine::config::{Injector, NAMESPACE_ENABLED, NAMESPACE_REQUIRED};
 use crate::engine::inject::revision_name;
 use crate::engine::template::{Fragment, TEMPLATE_SUFFIX};
 use crate::export::cel;
@@ -35,6 +35,9 @@ pub struct Selection {
     /// A second binding for namespaces labelled `<injectLabel>: enabled`
     /// (`webhook.namespaceOptIn.enabled`).
     pub namespace_opt_in: bool,
+    /// A third binding for namespaces labelled `<injectLabel>: required`
+    /// (`webhook.namespaceOptIn.required`).
+    pub namespace_required: bool,
     /// Namespaces labelled `<this>: "true"` are left alone (`webhook.disabledLabel`).
     pub disabled_label: String,
 }
@@ -133,24 +136,38 @@ pub(super) fn conditions(inj: &Injector) -> Vec<Value> {
 }
 
 /// The bindings' selectors, one per rule that opts a pod in, as the chart's webhook entries:
-/// `("", pod label)` and, with namespace opt-in, `("-namespace", namespace label)`. They
-/// cannot overlap, so a pod is never matched twice.
-pub(super) fn bindings(inj: &Injector, sel: &Selection) -> Vec<(&'static str, Value)> {
+/// `("", pod label)`, with namespace opt-in `("-namespace", namespace label enabled)` and with
+/// required namespaces `("-required", namespace label required)`. They cannot overlap, so a
+/// pod is never matched twice. `opted_out`: the required binding also selects the pods that
+/// say `"false"` (the backstop refuses them; the mutating policy leaves them alone).
+pub(super) fn bindings(
+    inj: &Injector,
+    sel: &Selection,
+    opted_out: bool,
+) -> Vec<(&'static str, Value)> {
     let cfg = &inj.config;
     let rev = cfg.revision.as_str();
     let rev_selector = |key: &str| match rev {
         "" => json!({"key": key, "operator": "DoesNotExist"}),
         r => json!({"key": key, "operator": "In", "values": [r]}),
     };
-    let mut common = vec![
+    let common = vec![
         json!({"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": cel::excluded(inj)}),
         json!({"key": sel.disabled_label, "operator": "NotIn", "values": ["true"]}),
     ];
+    let not_false = json!({"matchExpressions": [
+        {"key": cfg.inject_label, "operator": "NotIn", "values": ["false"]},
+    ]});
     let mut pod_ns = common.clone();
-    if sel.namespace_opt_in {
-        pod_ns.push(
-            json!({"key": cfg.inject_label, "operator": "NotIn", "values": [NAMESPACE_ENABLED]}),
-        );
+    let others: Vec<&str> = [
+        (sel.namespace_opt_in, NAMESPACE_ENABLED),
+        (sel.namespace_required, NAMESPACE_REQUIRED),
+    ]
+    .into_iter()
+    .filter_map(|(on, value)| on.then_some(value))
+    .collect();
+    if !others.is_empty() {
+        pod_ns.push(json!({"key": cfg.inject_label, "operator": "NotIn", "values": others}));
     }
     let mut out = vec![(
         "",
@@ -162,20 +179,27 @@ pub(super) fn bindings(inj: &Injector, sel: &Selection) -> Vec<(&'static str, Va
             },
         }),
     )];
+    let namespace_of = |value: &str| {
+        let mut selector = common.clone();
+        selector.push(json!({"key": cfg.inject_label, "operator": "In", "values": [value]}));
+        selector.push(rev_selector(&cfg.revision_label));
+        json!({"matchExpressions": selector})
+    };
     if sel.namespace_opt_in {
-        common.push(
-            json!({"key": cfg.inject_label, "operator": "In", "values": [NAMESPACE_ENABLED]}),
-        );
-        common.push(rev_selector(&cfg.revision_label));
         out.push((
             "-namespace",
             json!({
-                "namespaceSelector": {"matchExpressions": common},
-                "objectSelector": {"matchExpressions": [
-                    {"key": cfg.inject_label, "operator": "NotIn", "values": ["false"]},
-                ]},
+                "namespaceSelector": namespace_of(NAMESPACE_ENABLED),
+                "objectSelector": not_false,
             }),
         ));
+    }
+    if sel.namespace_required {
+        let mut selectors = json!({"namespaceSelector": namespace_of(NAMESPACE_REQUIRED)});
+        if !opted_out {
+            selectors["objectSelector"] = not_false;
+        }
+        out.push(("-required", selectors));
     }
     out
 }

@@ -298,12 +298,17 @@ async fn sync(
         )
     };
     let name_of = |doc: &Value| doc["metadata"]["name"].as_str().unwrap_or("").to_owned();
-    // Bindings of this policy the export no longer has (namespace opt-in turned off).
+    // Bindings of this policy the export no longer has (namespace opt-in or required
+    // namespaces turned off).
     let binding = docs.get(1).map(api_of);
-    let stale: Vec<String> = [policy.clone(), format!("{policy}-namespace")]
-        .into_iter()
-        .filter(|n| !docs.iter().skip(1).any(|d| name_of(d) == *n))
-        .collect();
+    let stale: Vec<String> = [
+        policy.clone(),
+        format!("{policy}-namespace"),
+        format!("{policy}-required"),
+    ]
+    .into_iter()
+    .filter(|n| !docs.iter().skip(1).any(|d| name_of(d) == *n))
+    .collect();
     let mut in_step = true;
     for doc in &docs {
         let name = name_of(doc);

@@ -76,6 +76,10 @@ chart's defaults; another configuration needs its own export. */}}
   "disabledLabel" .Values.webhook.disabledLabel
   "namespaceOptIn" .Values.webhook.namespaceOptIn.enabled
 -}}
+{{- /* Only when on, so that the fingerprint of an installation without it stays. */ -}}
+{{- if .Values.webhook.namespaceOptIn.required -}}
+{{- $_ := set $inputs "namespaceRequired" true -}}
+{{- end -}}
 {{- toJson $inputs | sha256sum -}}
 {{- end -}}
 

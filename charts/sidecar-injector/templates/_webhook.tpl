@@ -1,24 +1,30 @@
 {{/*
-The webhook entries of each configuration: "pod" (the pod's own label opts it in) and, with
-webhook.namespaceOptIn.enabled, "namespace" (its namespace's label does). Their selectors cannot
-overlap, so no pod is sent twice, and each calls its own path, so the server knows which rule
-the apiserver applied (a review carries no namespace labels).
+The webhook entries of each configuration: "pod" (the pod's own label opts it in), with
+webhook.namespaceOptIn.enabled "namespace" (its namespace's label `enabled` does) and, with
+webhook.namespaceOptIn.required, "required" (its namespace's label `required` does, and an
+opt-out there is refused unless exempt). Their selectors cannot overlap, so no pod is sent
+twice, and each calls its own path, so the server knows which rule the apiserver applied (a
+review carries no namespace labels).
 */}}
 {{- define "sidecar-injector.entries" -}}
 {{- $entries := list "pod" -}}
 {{- if .Values.webhook.namespaceOptIn.enabled -}}
 {{- $entries = append $entries "namespace" -}}
 {{- end -}}
+{{- if .Values.webhook.namespaceOptIn.required -}}
+{{- $entries = append $entries "required" -}}
+{{- end -}}
 {{- $entries | toJson -}}
 {{- end -}}
 
 {{/*
 A webhook's name: (dict "root" $ "entry" "pod" "base" "inject.sidecar-injector.io").
-The namespace entry's is prefixed "namespace.", a revision's "<revision>.".
+The namespace and required entries' are prefixed "namespace." and "required.", a revision's
+"<revision>.".
 */}}
 {{- define "sidecar-injector.webhookName" -}}
 {{- $name := .base -}}
-{{- if eq .entry "namespace" -}}{{- $name = printf "namespace.%s" $name -}}{{- end -}}
+{{- if ne .entry "pod" -}}{{- $name = printf "%s.%s" .entry $name -}}{{- end -}}
 {{- with .root.Values.revision -}}{{- $name = printf "%s.%s" . $name -}}{{- end -}}
 {{- $name -}}
 {{- end -}}
@@ -26,14 +32,14 @@ The namespace entry's is prefixed "namespace.", a revision's "<revision>.".
 {{/*
 The fields the mutating and the validating webhook share. One definition, so both see exactly
 the same requests: a pod the injector skips is also a pod the validator skips.
-Called with (dict "root" $ "path" "/mutate" "entry" "pod"); the namespace entry calls
-PATH/namespace.
+Called with (dict "root" $ "path" "/mutate" "entry" "pod"); the namespace and required
+entries call PATH/namespace and PATH/required.
 */}}
 {{- define "sidecar-injector.webhook.common" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
 {{- $rev := $v.revision -}}
-{{- $path := ternary (printf "%s/namespace" .path) .path (eq .entry "namespace") -}}
+{{- $path := ternary .path (printf "%s/%s" .path .entry) (eq .entry "pod") -}}
 # The server answers in the version it is asked in; apiservers send the first one they know,
 # and every supported apiserver knows v1. v1beta1 is kept for old ones.
 admissionReviewVersions: ["v1", "v1beta1"]
@@ -47,7 +53,8 @@ clientConfig:
     name: {{ include "sidecar-injector.fullname" $root }}
     namespace: {{ $root.Release.Namespace }}
     # One server, a path per webhook and entry: /mutate injects, /validate checks; the
-    # namespace entry's paths end in /namespace, which tells the server which rule applied.
+    # namespace and required entries' paths end in /namespace and /required, which tells the
+    # server which rule applied.
     path: {{ $path }}
     port: {{ $v.service.port }}
   {{- end }}
@@ -83,13 +90,17 @@ objectSelector:
     - key: {{ $v.config.revisionLabel }}
       operator: DoesNotExist
   {{- end }}
-{{- else }}
+{{- else if eq .entry "namespace" }}
 # Opted in by the namespace (below): every pod but those that opt out with the value "false".
 objectSelector:
   matchExpressions:
     - key: {{ $v.config.injectLabel }}
       operator: NotIn
       values: ["false"]
+{{- else }}
+# No objectSelector: the namespace (below) requires sidecars, so a pod that opts out with the
+# value "false" is sent too. The injector leaves it alone; the validator refuses it unless its
+# service account is exempt (config.required.exempt).
 {{- end }}
 # Never in the system namespaces (the control plane must not depend on the injector), nor in
 # the release namespace (the injector must be able to start its own pods while it is down),
@@ -105,18 +116,21 @@ namespaceSelector:
       operator: NotIn
       values: ["true"]
     {{- if eq .entry "pod" }}
-    {{- if $v.webhook.namespaceOptIn.enabled }}
-    # Namespaces that opt in belong to the namespace entry: no pod is sent twice.
+    {{- $others := list }}
+    {{- if $v.webhook.namespaceOptIn.enabled }}{{ $others = append $others "enabled" }}{{ end }}
+    {{- if $v.webhook.namespaceOptIn.required }}{{ $others = append $others "required" }}{{ end }}
+    {{- with $others }}
+    # Namespaces that opt in belong to the {{ if has "enabled" . }}namespace{{ end }}{{ if eq (len .) 2 }} and {{ end }}{{ if has "required" . }}required{{ end }} {{ if eq (len .) 2 }}entries{{ else }}entry{{ end }}: no pod is sent twice.
     - key: {{ $v.config.injectLabel }}
       operator: NotIn
-      values: ["enabled"]
+      values: {{ toJson . }}
     {{- end }}
     {{- else }}
-    # The namespace opts in, and names {{ if $rev }}this revision{{ else }}no revision (one naming a revision belongs to that
+    # The namespace opts in{{ if eq .entry "required" }} and requires sidecars{{ end }}, and names {{ if $rev }}this revision{{ else }}no revision (one naming a revision belongs to that
     # revision's installation){{ end }}.
     - key: {{ $v.config.injectLabel }}
       operator: In
-      values: ["enabled"]
+      values: [{{ ternary "enabled" "required" (eq .entry "namespace") | quote }}]
     - key: {{ $v.config.revisionLabel }}
       {{- if $rev }}
       operator: In

@@ -112,3 +112,73 @@ def test_the_binary_serves_a_revision_as_the_chart_configures_it(server_config, 
          "spec": {"containers": [{"name": "app", "image": "app"}]}}))
     assert status.returncode == 0, status.stderr
     assert '\\"revision\\":\\"canary\\"' in status.stdout, status.stdout
+
+
+def test_the_backstop_judges_an_opt_out_in_a_required_namespace_as_the_validator_does(
+        server_config, tmp_path):
+    """In a namespace labelled `required`, the backstop's first validation (evaluated here with
+    celpy) refuses exactly the opt-outs the validating webhook refuses, with its very words;
+    the exempt service accounts come from the chart's config.required.exempt."""
+    import yaml
+    exe, _ = server_config
+    sets = ("config.required.exempt={shop/backup,*/ci-runner}",)
+    for key, value in render(*sets).one("ConfigMap")["data"].items():
+        (tmp_path / key).write_text(value)
+    config = tmp_path / "config.yaml"
+    proc = subprocess.run([str(exe), "export", "backstop", "--config", str(config),
+                           "--namespace-required=true"], capture_output=True, text=True,
+                          env={**os.environ, "SIDECAR_INJECTOR_NAMESPACE": "sidecar-injector"})
+    assert proc.returncode == 0, proc.stderr
+    docs = list(yaml.safe_load_all(proc.stdout))
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    binding = by_name["ValidatingAdmissionPolicyBinding", "sidecar-injector-backstop-required"]
+    assert "objectSelector" not in binding["spec"]["matchResources"], binding
+    policy = by_name["ValidatingAdmissionPolicy", "sidecar-injector-backstop"]["spec"]
+    expressions = {v["name"]: v["expression"] for v in policy["variables"]}
+    (check,) = [v for v in policy["validations"] if "variables.optedOut" in v["expression"]]
+    env = celpy.Environment()
+
+    def evaluate(expression, activation):
+        return env.program(env.compile(expression)).evaluate(activation)
+
+    refused_seen = 0
+    for ns, account, label in [("shop", "reports", "false"), ("shop", "backup", "false"),
+                               ("other", "ci-runner", "false"), ("other", "backup", "false"),
+                               ("shop", None, "false"), ("shop", "reports", None)]:
+        spec = {"containers": [{"name": "app", "image": "app"}]}
+        if account:
+            spec["serviceAccountName"] = account
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "web", "namespace": ns,
+                            "labels": {"sidecar-injector.io/inject": label} if label else {}},
+               "spec": spec}
+        activation = {
+            "object": celpy.json_to_cel(pod),
+            "request": celpy.json_to_cel({"namespace": ns}),
+            "namespaceObject": celpy.json_to_cel(
+                {"metadata": {"name": ns, "labels": {"sidecar-injector.io/inject": "required"}}}),
+        }
+        # The templates the pod asks for are not evaluated here (celpy lacks Kubernetes'
+        # strings library): the pod asks for the defaults, and gets them.
+        values = {"injected": ["log-shipper", "proxy"]}
+        for name in ("required", "optedOut", "serviceAccount", "exempt", "exemptHere"):
+            activation["variables"] = celpy.json_to_cel(values)
+            result = evaluate(expressions[name], activation)
+            values[name] = bool(result) if isinstance(result, celpy.celtypes.BoolType) else str(result)
+        activation["variables"] = celpy.json_to_cel(values)
+        admitted = bool(evaluate(check["expression"], activation))
+        validate = run(exe, "review", "--config", str(config), "--request", "-",
+                       "--path", "/validate/required", stdin=review(pod))
+        assert validate.returncode == 0, validate.stderr
+        response = json.loads(validate.stdout)["response"]
+        if label is None:
+            # Not an opt-out: the backstop's required check has nothing to say; the validator
+            # holds the pod to its sidecars, as the backstop's other validations do.
+            assert admitted, (ns, account)
+            continue
+        assert admitted == response["allowed"], (ns, account, response)
+        if not admitted:
+            refused_seen += 1
+            assert str(evaluate(check["messageExpression"], activation)) == \
+                response["status"]["message"]
+    assert refused_seen == 3

@@ -55,6 +55,8 @@ def test_rbac_reads_by_name_and_creates_pods_only_where_the_dry_run_goes(helm):
     r = render("tests.check.podNamespace=apps", helm=helm, tests=True)
     cluster = r.one("ClusterRole", NAME)
     assert rules(cluster) == [
+        # Namespaces labelled required (whether the required entries select them).
+        (("",), ("namespaces",), ("list",), ()),
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("list",), ()),
         (("admissionregistration.k8s.io",),
          ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"), ("get",), (RELEASE,)),
@@ -109,6 +111,7 @@ def test_policy_mode_checks_the_mutating_policy_and_its_keeper(helm):
     (container,) = r.one("Pod", name)["spec"]["containers"]
     assert f"--release={RELEASE}-canary" in container["args"]
     assert rules(r.one("ClusterRole", name)) == [
+        (("",), ("namespaces",), ("list",), ()),
         (("admissionregistration.k8s.io",), ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"),
          ("get",), ("sidecar-injector-canary",)),
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("list",), ()),

@@ -37,7 +37,8 @@ def rules_of(out, kind, name):
     (),
     # Any values: the server exports what it serves, so nothing differs for the chart.
     ("config.values.proxy.image=example/proxy:2", "revision=canary",
-     "webhook.namespaceOptIn.enabled=false", "webhook.disabledLabel=example.com/off"),
+     "webhook.namespaceOptIn.enabled=false", "webhook.disabledLabel=example.com/off",
+     "webhook.namespaceOptIn.required=true"),
 ])
 def test_the_server_keeps_the_backstop_where_the_cluster_has_the_api(sets):
     out = render(*sets, api_versions=VAP)
@@ -50,6 +51,7 @@ def test_the_server_keeps_the_backstop_where_the_cluster_has_the_api(sets):
     assert env["SIDECAR_INJECTOR_BACKSTOP"] == "true"
     assert env["SIDECAR_INJECTOR_BACKSTOP_OWNER"] == out.one("MutatingWebhookConfiguration")["metadata"]["name"]
     assert env["SIDECAR_INJECTOR_NAMESPACE_OPT_IN"] == ("false" if sets else "true")
+    assert env["SIDECAR_INJECTOR_NAMESPACE_REQUIRED"] == ("true" if sets else "false")
     assert env["SIDECAR_INJECTOR_DISABLED_LABEL"] == ("example.com/off" if sets else "sidecar-injector.io/disabled")
     assert env["SIDECAR_INJECTOR_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
@@ -60,7 +62,7 @@ def test_the_server_keeps_the_backstop_where_the_cluster_has_the_api(sets):
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicies"],
          "resourceNames": [policy], "verbs": ["get", "create", "patch"]},
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["validatingadmissionpolicybindings"],
-         "resourceNames": [policy, f"{policy}-namespace"], "verbs": ["get", "create", "patch", "delete"]},
+         "resourceNames": [policy, f"{policy}-namespace", f"{policy}-required"], "verbs": ["get", "create", "patch", "delete"]},
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
          "resourceNames": [env["SIDECAR_INJECTOR_BACKSTOP_OWNER"]], "verbs": ["get"]},
     ]
@@ -160,7 +162,7 @@ def test_policy_mode_runs_a_keeper_and_no_webhook(sets):
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingadmissionpolicies"],
          "resourceNames": [mutating], "verbs": ["get", "create", "patch"]},
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingadmissionpolicybindings"],
-         "resourceNames": [mutating, f"{mutating}-namespace"], "verbs": ["get", "create", "patch", "delete"]},
+         "resourceNames": [mutating, f"{mutating}-namespace", f"{mutating}-required"], "verbs": ["get", "create", "patch", "delete"]},
         {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
          "resourceNames": [f"{name}-backstop"], "verbs": ["get"]},
     ]

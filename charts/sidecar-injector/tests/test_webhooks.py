@@ -142,27 +142,38 @@ def test_two_entries_with_their_own_paths(helm):
 NAMESPACES = [{}, {"sidecar-injector.io/inject": "enabled"},
               {"sidecar-injector.io/inject": "enabled", "sidecar-injector.io/rev": "canary"},
               {"sidecar-injector.io/rev": "canary"}, {"sidecar-injector.io/disabled": "true"},
-              {"sidecar-injector.io/inject": "enabled", "sidecar-injector.io/disabled": "true"}]
+              {"sidecar-injector.io/inject": "enabled", "sidecar-injector.io/disabled": "true"},
+              {"sidecar-injector.io/inject": "required"},
+              {"sidecar-injector.io/inject": "required", "sidecar-injector.io/rev": "canary"},
+              {"sidecar-injector.io/inject": "required", "sidecar-injector.io/disabled": "true"}]
 PODS = [{}, {"sidecar-injector.io/inject": "true"}, {"sidecar-injector.io/inject": "false"},
         {"sidecar-injector.io/inject": "true", "sidecar-injector.io/rev": "canary"},
         {"sidecar-injector.io/rev": "canary"}, {"sidecar-injector.io/inject": "yes"}]
 
 
-def expected_entry(revision, ns, pod):
-    """Which entry of revision `revision` should receive the pod (docs/CONFIGURATION.md)."""
+def expected_entry(revision, ns, pod, required):
+    """Which entry of revision `revision` should receive the pod (docs/CONFIGURATION.md), with
+    webhook.namespaceOptIn.required on or off."""
     if ns.get("sidecar-injector.io/disabled") == "true":
         return None
-    if ns.get("sidecar-injector.io/inject") == "enabled":
+    label = ns.get("sidecar-injector.io/inject")
+    if label == "enabled" or (label == "required" and required):
         if ns.get("sidecar-injector.io/rev", "") != revision:
             return None
+        if label == "required":
+            # Every pod, those that opt out too: the validator judges them.
+            return "required"
         return None if pod.get("sidecar-injector.io/inject") == "false" else "namespace"
     if pod.get("sidecar-injector.io/inject") != "true":
         return None
     return "pod" if pod.get("sidecar-injector.io/rev", "") == revision else None
 
 
-def test_entries_never_overlap_and_revisions_never_share_a_pod(helm):
-    installations = {rev: render(f"revision={rev}", helm=helm) if rev else render(helm=helm)
+@pytest.mark.parametrize("required", [False, True])
+def test_entries_never_overlap_and_revisions_never_share_a_pod(helm, required):
+    sets = ("webhook.namespaceOptIn.required=true",) if required else ()
+    installations = {rev: render(*sets, f"revision={rev}", helm=helm) if rev
+                     else render(*sets, helm=helm)
                      for rev in ("", "canary", "v2")}
     for ns in NAMESPACES:
         nsl = {**ns, "kubernetes.io/metadata.name": "apps"}
@@ -171,13 +182,49 @@ def test_entries_never_overlap_and_revisions_never_share_a_pod(helm):
                 receivers = []
                 for rev, r in installations.items():
                     for w in r.webhooks(kind):
-                        if selects(w["namespaceSelector"], nsl) and selects(w["objectSelector"], pod):
-                            entry = "namespace" if "namespace." in w["name"] else "pod"
-                            receivers.append((rev, entry))
-                wanted = [(rev, expected_entry(rev, ns, pod)) for rev in installations
-                          if expected_entry(rev, ns, pod)]
+                        if selects(w["namespaceSelector"], nsl) and \
+                                selects(w.get("objectSelector", {}), pod):
+                            entry = w["clientConfig"]["service"]["path"].split("/")[2:] or ["pod"]
+                            receivers.append((rev, entry[0]))
+                wanted = [(rev, expected_entry(rev, ns, pod, required)) for rev in installations
+                          if expected_entry(rev, ns, pod, required)]
                 assert receivers == wanted, (ns, pod, kind)
                 assert len(receivers) <= 1, (ns, pod, kind)
+
+
+def test_the_required_entry(helm):
+    r = render("webhook.namespaceOptIn.required=true", helm=helm)
+    for kind, base, path in ((KINDS[0], "inject", "/mutate"), (KINDS[1], "validate", "/validate")):
+        hooks = r.webhooks(kind)
+        assert [w["name"] for w in hooks] == [f"{base}.sidecar-injector.io",
+                                              f"namespace.{base}.sidecar-injector.io",
+                                              f"required.{base}.sidecar-injector.io"]
+        assert [w["clientConfig"]["service"]["path"] for w in hooks] == \
+            [path, f"{path}/namespace", f"{path}/required"]
+        pod, ns, required = hooks
+        # Pods that opt out reach it: the validator refuses them unless exempt.
+        assert "objectSelector" not in required
+        assert {"key": "sidecar-injector.io/inject", "operator": "In",
+                "values": ["required"]} in required["namespaceSelector"]["matchExpressions"]
+        assert {"key": "sidecar-injector.io/inject", "operator": "NotIn",
+                "values": ["enabled", "required"]} in pod["namespaceSelector"]["matchExpressions"]
+        for field in ("rules", "failurePolicy", "matchConditions", "timeoutSeconds", "sideEffects"):
+            assert required.get(field) == ns.get(field), field
+    # Only the required entry: the pod entry leaves out required namespaces alone.
+    r = render("webhook.namespaceOptIn.required=true", "webhook.namespaceOptIn.enabled=false",
+               helm=helm)
+    pod, required = r.webhooks(KINDS[1])
+    assert required["clientConfig"]["service"]["path"] == "/validate/required"
+    assert {"key": "sidecar-injector.io/inject", "operator": "NotIn",
+            "values": ["required"]} in pod["namespaceSelector"]["matchExpressions"]
+    # Off by default (the server that keeps the backstop is told: test_policies.py).
+    assert len(render(helm=helm).webhooks(KINDS[0])) == 2
+
+
+def test_required_exemptions_reach_the_configuration(helm):
+    assert render(helm=helm).config["required"] == {"exempt": []}
+    r = render("config.required.exempt={ci/runner,*/backup}", helm=helm)
+    assert r.config["required"] == {"exempt": ["ci/runner", "*/backup"]}
 
 
 def test_a_revision_names_everything(helm):
@@ -361,6 +408,9 @@ def test_other_modes_have_no_inject_annotation(helm):
     ("webhook.timeoutSeconds=31", "/webhook/timeoutSeconds"),
     ("webhook.failurePolicy=Fail", "/webhook"),
     ("replicaCount=-1", "/replicaCount"),
+    ("config.required.exempt={ci/*}", "/config/required/exempt/0"),
+    ("config.required.exempt={runner}", "/config/required/exempt/0"),
+    ("webhook.namespaceOptIn.required=yes", "/webhook/namespaceOptIn/required"),
 ])
 def test_schema_rejects_bad_values(helm, setting, where):
     message = render_error(setting, helm=helm)

@@ -76,9 +76,23 @@ where
         + DeserializeOwned
         + std::fmt::Debug,
 {
+    list_selected(client, "").await
+}
+
+/// [`list_cluster`], only the objects `selector` (a label selector; empty: all) selects.
+pub async fn list_selected<K>(client: &Client, selector: &str) -> Got<Vec<K>>
+where
+    K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
     let api: Api<K> = Api::all(client.clone());
     let mut items = Vec::new();
     let mut params = ListParams::default().limit(PAGE);
+    if !selector.is_empty() {
+        params = params.labels(selector);
+    }
     loop {
         match got(api.list(&params).await, || {
             format!("list {}", plural::<K>())

@@ -14,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 
 use crate::diagnose::check::{
     self, Got, Installation, Observed, backstop, endpoints, policy_mode, probe, target_key, tls,
@@ -173,6 +173,29 @@ impl CheckArgs {
             _ => (None, None),
         };
         let all_mutating = cluster::list_cluster::<MutatingWebhookConfiguration>(&client).await;
+        let required_namespaces = match &config {
+            Got::Found(inj) => {
+                let cfg = &inj.config;
+                let revision = match cfg.revision.as_str() {
+                    "" => format!("!{}", cfg.revision_label),
+                    r => format!("{}={r}", cfg.revision_label),
+                };
+                let selector = format!(
+                    "{}={},{revision}",
+                    cfg.inject_label,
+                    crate::engine::config::NAMESPACE_REQUIRED
+                );
+                match cluster::list_selected::<Namespace>(&client, &selector).await {
+                    Got::Found(list) => {
+                        Got::Found(list.into_iter().filter_map(|n| n.metadata.name).collect())
+                    }
+                    Got::Missing => Got::Missing,
+                    Got::Forbidden(r) => Got::Forbidden(r),
+                    Got::Failed(e) => Got::Failed(e),
+                }
+            }
+            _ => Got::Missing,
+        };
 
         let report = check::judge(&Observed {
             installation: Installation { namespace, release },
@@ -189,6 +212,7 @@ impl CheckArgs {
             dry_run,
             policy_mode,
             all_mutating,
+            required_namespaces,
         });
         let text = match output {
             Output::Text => report.text(),

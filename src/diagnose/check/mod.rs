@@ -262,6 +262,9 @@ pub struct Observed {
     /// `Some` when the installation is in policy mode ([`policy_mode::detect`]).
     pub policy_mode: Option<policy_mode::PolicyModeRead>,
     pub all_mutating: Got<Vec<MutatingWebhookConfiguration>>,
+    /// The namespaces labelled `<injectLabel>: required` for this installation's revision
+    /// (their names); not found when the configuration could not be read.
+    pub required_namespaces: Got<Vec<String>>,
 }
 
 /// Where a webhook entry's server is, as a key of [`Observed::served`], and the name the API
@@ -394,6 +397,21 @@ fn configurations(o: &Observed, entries: &Entries) -> Vec<Finding> {
     }
     if let (Some(m), Some(v)) = (entries.mutating.found(), entries.validating.found()) {
         out.extend(webhooks::pairing(&inst.release, m, v, &expect));
+        match &o.required_namespaces {
+            Got::Found(names) => out.extend(webhooks::required_namespaces(
+                &inst.release,
+                names,
+                m,
+                v,
+                &expect,
+            )),
+            Got::Forbidden(right) => out.push(Finding::skip(
+                "webhooks",
+                "namespaces labelled required",
+                format!("you lack the right to {right}"),
+            )),
+            Got::Missing | Got::Failed(_) => {}
+        }
     }
     out
 }

@@ -11,6 +11,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::{Finding, Got, unread};
+use crate::engine::config::NAMESPACE_REQUIRED;
 
 /// Above this the API server makes every opted-in pod create wait too long on the webhook.
 pub const MAX_TIMEOUT_SECONDS: i32 = 10;
@@ -92,6 +93,9 @@ pub enum Rule {
     Pod,
     /// `<injectLabel> NotIn [false]` on the pod (its namespace opts in).
     Namespace,
+    /// `<injectLabel> In [required]` on the namespace, whatever the pod says (its namespace
+    /// requires sidecars, and an opt-out is the validator's to judge).
+    Required,
 }
 
 impl Rule {
@@ -99,6 +103,7 @@ impl Rule {
         match self {
             Self::Pod => "pods opted in by their own label",
             Self::Namespace => "pods of namespaces that opt in",
+            Self::Required => "pods of namespaces that require sidecars",
         }
     }
 }
@@ -111,6 +116,18 @@ pub struct Expect<'a> {
 }
 
 fn rule_of(entry: &WebhookEntry, label: &str) -> Option<Rule> {
+    let required = entry
+        .namespace_selector
+        .iter()
+        .flat_map(|s| s.match_expressions.iter().flatten())
+        .any(|e| {
+            e.key == label
+                && e.operator == "In"
+                && e.values.as_deref() == Some(&[NAMESPACE_REQUIRED.to_owned()][..])
+        });
+    if required {
+        return Some(Rule::Required);
+    }
     let selector = entry.object_selector.as_ref()?;
     if selector
         .match_labels
@@ -370,6 +387,58 @@ pub fn pairing(
     out
 }
 
+/// Check 1, for required namespaces: the namespaces labelled `<injectLabel>: required` that
+/// name this installation's revision (`required`: their names) are selected by a required
+/// entry in both configurations. Without one, their pods escape: none is injected but those
+/// labelled `"true"`, and an opt-out is not refused. Nothing to say when there are none.
+pub fn required_namespaces(
+    name: &str,
+    required: &[String],
+    mutating: &[WebhookEntry],
+    validating: &[WebhookEntry],
+    expect: &Expect<'_>,
+) -> Vec<Finding> {
+    if required.is_empty() {
+        return Vec::new();
+    }
+    let listed = required.join(", ");
+    let subject = format!(
+        "namespaces labelled {}={NAMESPACE_REQUIRED}",
+        expect.inject_label
+    );
+    let lacking: Vec<&str> = [
+        ("MutatingWebhookConfiguration", mutating),
+        ("ValidatingWebhookConfiguration", validating),
+    ]
+    .into_iter()
+    .filter(|(_, entries)| {
+        !entries
+            .iter()
+            .any(|e| rule_of(e, expect.inject_label) == Some(Rule::Required))
+    })
+    .map(|(kind, _)| kind)
+    .collect();
+    if lacking.is_empty() {
+        return vec![Finding::pass(
+            "webhooks",
+            subject,
+            format!("{listed}: selected by the required entries"),
+        )];
+    }
+    vec![
+        Finding::fail(
+            "webhooks",
+            subject,
+            format!(
+                "{listed}: {} {name} has no entry for {}: their pods escape (only those labelled \"true\" are injected, and one that opts out is not refused)",
+                lacking.join(" and "),
+                Rule::Required.describe()
+            ),
+        )
+        .fix("helm upgrade the release with --set webhook.namespaceOptIn.required=true"),
+    ]
+}
+
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
@@ -534,5 +603,82 @@ pub(super) mod tests {
             forbidden[0].line(),
             "- MutatingWebhookConfiguration r: skipped: you lack the right to get mutatingwebhookconfigurations"
         );
+    }
+
+    /// The chart's required entry (no objectSelector: opted-out pods reach the validator) is
+    /// one of the injector's, not an entry that sends every pod; it must pair up too.
+    #[test]
+    fn the_required_entry_is_known_and_must_pair_up() {
+        let mut m = serde_json::to_value(chart_mutating(5)).expect("json");
+        let mut required = m["webhooks"][1].clone();
+        required["name"] = "required.inject.sidecar-injector.io".into();
+        required["clientConfig"]["service"]["path"] = "/mutate/required".into();
+        required
+            .as_object_mut()
+            .expect("entry")
+            .remove("objectSelector");
+        required["namespaceSelector"]["matchExpressions"]
+            .as_array_mut()
+            .expect("expressions")
+            .push(json!({"key": "sidecar-injector.io/inject", "operator": "In", "values": ["required"]}));
+        m["webhooks"]
+            .as_array_mut()
+            .expect("webhooks")
+            .push(required);
+        let m: MutatingWebhookConfiguration = serde_json::from_value(m).expect("mutating");
+        let found = configuration(
+            "MutatingWebhookConfiguration",
+            "sidecar-injector",
+            &Got::Found(mutating_entries(&m)),
+            &EXPECT,
+        );
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].line().starts_with("✓"), "{}", found[0].line());
+        let unpaired = pairing(
+            "r",
+            &mutating_entries(&m),
+            &validating_entries(&chart_validating()),
+            &EXPECT,
+        );
+        assert_eq!(unpaired.len(), 1, "{unpaired:?}");
+        assert!(
+            unpaired[0]
+                .line()
+                .contains("has no entry for pods of namespaces that require sidecars"),
+            "{}",
+            unpaired[0].line()
+        );
+    }
+
+    /// Namespaces labelled `required` with no required entry are named, with the fix; with
+    /// the entries in both configurations they pass; with none, nothing is said.
+    #[test]
+    fn required_namespaces_without_their_entry_are_named() {
+        let (m, v) = (
+            mutating_entries(&chart_mutating(5)),
+            validating_entries(&chart_validating()),
+        );
+        assert!(required_namespaces("r", &[], &m, &v, &EXPECT).is_empty());
+        let names = ["payments".to_owned(), "shop".to_owned()];
+        let found = required_namespaces("r", &names, &m, &v, &EXPECT);
+        assert_eq!(
+            found.iter().map(Finding::line).collect::<Vec<_>>(),
+            [
+                "✗ namespaces labelled sidecar-injector.io/inject=required: payments, shop: MutatingWebhookConfiguration and ValidatingWebhookConfiguration r has no entry for pods of namespaces that require sidecars: their pods escape (only those labelled \"true\" are injected, and one that opts out is not refused) — helm upgrade the release with --set webhook.namespaceOptIn.required=true"
+            ]
+        );
+        let with_required = |entries: &[WebhookEntry]| {
+            let mut all = entries.to_vec();
+            let mut e = all[1].clone();
+            e.object_selector = None;
+            e.namespace_selector = serde_json::from_value(json!({"matchExpressions": [
+                {"key": "sidecar-injector.io/inject", "operator": "In", "values": ["required"]}]}))
+            .ok();
+            all.push(e);
+            all
+        };
+        let found =
+            required_namespaces("r", &names, &with_required(&m), &with_required(&v), &EXPECT);
+        assert!(found[0].line().starts_with("✓ namespaces labelled sidecar-injector.io/inject=required: payments, shop: selected"), "{}", found[0].line());
     }
 }

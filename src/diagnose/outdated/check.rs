@@ -9,7 +9,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::engine::config::Injector;
-use crate::engine::inject::{Decision, Plan, PodFacts, Rendered, Status, decide, opt_in};
+use crate::engine::inject::{
+    Decision, OptOut, Plan, PodFacts, Rendered, Status, decide, opt_in, required_opt_out,
+};
 use crate::engine::validate::{OWNED_FIELDS, field_problems};
 
 /// Where a pod stands.
@@ -23,6 +25,10 @@ pub enum PodState {
     /// The pod opted in and would be injected now, but carries no status annotation: it was
     /// created while the webhook was not called (down, or registered later).
     NotInjected,
+    /// The pod runs without sidecars where its namespace requires them (it opts out, and its
+    /// service account is not exempt): a pod like it is refused now, so recreating it does
+    /// not help; the pod's label or the configuration must change.
+    Refused { reason: String },
     /// The pod was injected by an injector of another revision; not this one's to judge.
     OtherRevision { revision: String },
     /// The pod cannot be judged (its status annotation is unreadable, or rendering fails).
@@ -36,6 +42,7 @@ impl PodState {
             Self::Current => "current",
             Self::Outdated { .. } => "outdated",
             Self::NotInjected => "notInjected",
+            Self::Refused { .. } => "refused",
             Self::OtherRevision { .. } => "otherRevision",
             Self::Unknown { .. } => "unknown",
         }
@@ -140,7 +147,8 @@ fn is_live(pod: &Pod) -> bool {
 /// its namespace is judged as the namespace entry judged it when it was created.
 ///
 /// `None`: the pod is none of the injector's business (not injected and not opted in, skipped
-/// by a rule, finished, or being deleted).
+/// by a rule, finished, or being deleted); a pod that opts out where its namespace requires
+/// sidecars, its service account not exempt, is its business ([`PodState::Refused`]).
 pub fn check(
     inj: &Injector,
     pod: &Pod,
@@ -193,6 +201,11 @@ pub fn check(
 fn unrecorded(inj: &Injector, facts: &PodFacts<'_>) -> Option<PodState> {
     match decide(inj, facts) {
         Ok(Decision::Inject(_)) => Some(PodState::NotInjected),
+        Ok(Decision::NotOptedIn) if required_opt_out(inj, facts) == Some(OptOut::Refused) => {
+            Some(PodState::Refused {
+                reason: opt_in(inj, facts).err().unwrap_or_default(),
+            })
+        }
         Ok(Decision::NotOptedIn | Decision::Skip(_)) => None,
         Err(error) => Some(PodState::Unknown {
             reason: error.to_string(),
@@ -468,5 +481,47 @@ mod tests {
             &json!({"a": 1, "b": {"c": [1, 2]}, "d": [{"n": "y"}]})
         ));
         assert!(covers(&json!({"a": {}}), &Value::Null));
+    }
+
+    /// In a namespace labelled `required`, a pod without its sidecars is not injected (a
+    /// restart brings it current); one that opts out is refused unless its service account is
+    /// exempt, and an exempt one is none of the injector's business.
+    #[test]
+    fn a_required_namespace_names_the_pods_that_run_without_their_sidecars() {
+        let config = format!(
+            "{}required:\n  exempt: [shop/backup]\n",
+            crate::engine::config::DEFAULT_CONFIG
+        );
+        let inj = Injector::from_sources(
+            "required.yaml",
+            &config,
+            crate::engine::config::bundled_templates(),
+            None,
+        )
+        .expect("loads");
+        let ns = BTreeMap::from([(
+            "sidecar-injector.io/inject".to_owned(),
+            "required".to_owned(),
+        )]);
+        let pod = |labels: Value, account: &str| -> Pod {
+            serde_json::from_value(json!({
+                "metadata": {"name": "web", "namespace": "shop", "labels": labels},
+                "spec": {"serviceAccountName": account, "containers": [{"name": "app", "image": "app"}]},
+                "status": {"phase": "Running"}
+            }))
+            .expect("a pod")
+        };
+        assert_eq!(
+            check(&inj, &pod(json!({}), "app"), &ns),
+            Some(PodState::NotInjected)
+        );
+        let out = json!({"sidecar-injector.io/inject": "false"});
+        let Some(PodState::Refused { reason }) = check(&inj, &pod(out.clone(), "app"), &ns) else {
+            panic!("an opt-out in a required namespace is refused")
+        };
+        assert!(reason.contains("is not exempt"), "{reason}");
+        assert!(!PodState::Refused { reason }.needs_restart());
+        assert_eq!(check(&inj, &pod(out.clone(), "backup"), &ns), None);
+        assert_eq!(check(&inj, &pod(out, "app"), &BTreeMap::new()), None);
     }
 }

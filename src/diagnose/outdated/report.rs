@@ -26,7 +26,8 @@ pub struct PodReport {
 pub struct WorkloadReport {
     #[serde(flatten)]
     pub workload: Workload,
-    /// The worst state among its pods (outdated, notInjected, unknown, otherRevision, current).
+    /// The worst state among its pods (outdated, notInjected, refused, unknown, otherRevision,
+    /// current).
     pub state: &'static str,
     pub pods: Vec<PodReport>,
 }
@@ -45,6 +46,9 @@ pub struct Counts {
     pub current: usize,
     pub outdated: usize,
     pub not_injected: usize,
+    /// Left out when none, so reports without required namespaces read as they did.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub refused: usize,
     pub other_revision: usize,
     pub unknown: usize,
 }
@@ -74,9 +78,14 @@ pub struct Report {
     pub restarts: Vec<RestartRecord>,
 }
 
-const SEVERITY: [&str; 5] = [
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+const SEVERITY: [&str; 6] = [
     "outdated",
     "notInjected",
+    "refused",
     "unknown",
     "otherRevision",
     "current",
@@ -109,6 +118,7 @@ impl Report {
                 PodState::Current => counts.current += 1,
                 PodState::Outdated { .. } => counts.outdated += 1,
                 PodState::NotInjected => counts.not_injected += 1,
+                PodState::Refused { .. } => counts.refused += 1,
                 PodState::OtherRevision { .. } => counts.other_revision += 1,
                 PodState::Unknown { .. } => counts.unknown += 1,
             }
@@ -143,9 +153,10 @@ impl Report {
         }
     }
 
-    /// Whether any pod needs a restart to be current (outdated, or opted in but not injected).
+    /// Whether any pod needs a restart to be current (outdated, or opted in but not injected),
+    /// or runs without the sidecars its namespace requires (which a restart does not mend).
     pub fn anything_outdated(&self) -> bool {
-        self.counts.outdated + self.counts.not_injected > 0
+        self.counts.outdated + self.counts.not_injected + self.counts.refused > 0
     }
 
     pub fn json(&self) -> String {
@@ -173,6 +184,9 @@ impl Report {
                     PodState::NotInjected => {
                         vec!["opted in, but has no status annotation: created while the webhook was not called".into()]
                     }
+                    PodState::Refused { reason } => vec![format!(
+                        "runs without sidecars: {reason}; recreating it does not help: remove its label, or exempt its service account"
+                    )],
                     PodState::OtherRevision { revision } => {
                         vec![format!("injected by revision {revision:?}")]
                     }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::engine::config::{Injector, NAMESPACE_ENABLED};
+use crate::engine::config::{Injector, NAMESPACE_ENABLED, NAMESPACE_REQUIRED};
 use crate::engine::context::{self, Owner, Shown, Source};
 use crate::engine::inject::status::Status;
 use crate::engine::view::{PodView, StrMap};
@@ -22,6 +22,12 @@ pub enum Entry {
     /// Its namespace is labelled `inject: enabled` and names this installation's revision
     /// (`/mutate/namespace`, `/validate/namespace`); the pod does not say `inject: "false"`.
     Namespace,
+    /// Its namespace is labelled `inject: required` and names this installation's revision
+    /// (`/mutate/required`, `/validate/required`). Every pod is sent, those that say
+    /// `inject: "false"` too: the mutator injects the others as [`Self::Namespace`] does and
+    /// leaves those alone; the validator refuses them unless their service account is exempt
+    /// (`required.exempt`).
+    Required,
 }
 
 impl Entry {
@@ -29,6 +35,7 @@ impl Entry {
         match self {
             Self::Pod => "pod",
             Self::Namespace => "namespace",
+            Self::Required => "required",
         }
     }
 
@@ -43,6 +50,10 @@ impl Entry {
             Self::Pod => format!("the pod's label {}=\"true\"{revision}", cfg.inject_label),
             Self::Namespace => format!(
                 "its namespace's label {}={NAMESPACE_ENABLED}{revision}",
+                cfg.inject_label
+            ),
+            Self::Required => format!(
+                "its namespace's label {}={NAMESPACE_REQUIRED}{revision}",
                 cfg.inject_label
             ),
         }
@@ -89,6 +100,17 @@ impl<'a> PodFacts<'a> {
     pub fn with_entry(mut self, entry: Entry) -> Self {
         self.entry = entry;
         self
+    }
+
+    /// The service account the pod runs as: `spec.serviceAccountName`, or `default` (what the
+    /// ServiceAccount admission plugin sets before any webhook sees the pod).
+    pub fn service_account(&self) -> &'a str {
+        self.pod
+            .spec
+            .as_ref()
+            .map(|s| s.service_account_name())
+            .filter(|sa| !sa.is_empty())
+            .unwrap_or("default")
     }
 
     pub(crate) fn annotations(&self) -> &'a StrMap<'a> {

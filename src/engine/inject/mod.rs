@@ -24,7 +24,9 @@ pub use decide::{Decision, Plan, decide, render_recorded};
 pub use facts::{Entry, PodFacts};
 pub use patch::{Patch, to_patch, to_patch_base64};
 pub use plan::{Edit, Part, apply, plan_edits};
-pub use rules::{InjectError, SkipReason, opt_in, revision_name, targets};
+pub use rules::{
+    InjectError, OptOut, SkipReason, opt_in, required_opt_out, revision_name, targets,
+};
 pub use status::{Rendered, Status};
 
 pub use crate::engine::context::Seen;

@@ -1,6 +1,6 @@
 //! The rules: whether a pod is opted in or skipped, and what it may ask for, in words.
 
-use crate::engine::config::{Injector, NAMESPACE_ENABLED};
+use crate::engine::config::{Injector, NAMESPACE_ENABLED, NAMESPACE_REQUIRED};
 use crate::engine::fit::PortClash;
 use crate::engine::inject::facts::{Entry, PodFacts};
 use crate::engine::messages;
@@ -85,27 +85,36 @@ pub fn revision_name(revision: &str) -> String {
     }
 }
 
+/// The webhook entry that sends the pod: the one the request came by or, with its namespace's
+/// labels known (offline), the one the chart's selectors would pick; or why none would.
+fn entry(inj: &Injector, facts: &PodFacts<'_>) -> Result<Entry, String> {
+    let cfg = &inj.config;
+    let Some(ns) = facts.namespace_labels else {
+        return Ok(facts.entry);
+    };
+    let (value, entry) = match ns.get(&cfg.inject_label).map(String::as_str) {
+        Some(NAMESPACE_ENABLED) => (NAMESPACE_ENABLED, Entry::Namespace),
+        Some(NAMESPACE_REQUIRED) => (NAMESPACE_REQUIRED, Entry::Required),
+        _ => return Ok(Entry::Pod),
+    };
+    let revision = ns.get(&cfg.revision_label).map_or("", String::as_str);
+    if revision != cfg.revision {
+        return Err(format!(
+            "its namespace {:?} opts in ({}={value}) for {}, and this injector is {}",
+            facts.namespace,
+            cfg.inject_label,
+            revision_name(revision),
+            revision_name(&cfg.revision)
+        ));
+    }
+    Ok(entry)
+}
+
 /// Which rule opts the pod in, or why none does (in words, for `explain`).
 pub fn opt_in(inj: &Injector, facts: &PodFacts<'_>) -> Result<Entry, String> {
     let cfg = &inj.config;
     let label = facts.pod.label(&cfg.inject_label);
-    let entry = match facts.namespace_labels {
-        None => facts.entry,
-        Some(ns) if ns.get(&cfg.inject_label).map(String::as_str) == Some(NAMESPACE_ENABLED) => {
-            let revision = ns.get(&cfg.revision_label).map_or("", String::as_str);
-            if revision != cfg.revision {
-                return Err(format!(
-                    "its namespace {:?} opts in ({}={NAMESPACE_ENABLED}) for {}, and this injector is {}",
-                    facts.namespace,
-                    cfg.inject_label,
-                    revision_name(revision),
-                    revision_name(&cfg.revision)
-                ));
-            }
-            Entry::Namespace
-        }
-        Some(_) => Entry::Pod,
-    };
+    let entry = entry(inj, facts)?;
     match entry {
         Entry::Pod => {
             if label != Some("true") {
@@ -139,8 +148,87 @@ pub fn opt_in(inj: &Injector, facts: &PodFacts<'_>) -> Result<Entry, String> {
                 ));
             }
         }
+        Entry::Required => {
+            if label == Some("false") {
+                let why = match required_opt_out(inj, facts) {
+                    Some(OptOut::Exempt(exemption)) => format!(
+                        "which it may: its service account {:?} is exempt (required.exempt: {exemption:?})",
+                        facts.service_account()
+                    ),
+                    _ => format!(
+                        "which the validating webhook and the backstop refuse: its service account {:?} is not exempt (required.exempt)",
+                        facts.service_account()
+                    ),
+                };
+                return Err(format!(
+                    "its namespace requires sidecars ({}={NAMESPACE_REQUIRED}), and the pod opts out with {}=\"false\", {why}",
+                    cfg.inject_label, cfg.inject_label
+                ));
+            }
+        }
     }
     Ok(entry)
+}
+
+/// A pod that says `inject: "false"` where its namespace requires sidecars.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptOut<'c> {
+    /// Its service account is exempt, by this entry of `required.exempt`: it is admitted
+    /// without sidecars.
+    Exempt(&'c str),
+    /// Nothing exempts it: the validator and the backstop refuse it.
+    Refused,
+}
+
+/// Whether the pod opts out where its namespace requires sidecars (the request came by the
+/// required entry, or the namespace's known labels say `required` for this revision), and
+/// whether it may. `None`: the pod does not opt out there.
+pub fn required_opt_out<'c>(inj: &'c Injector, facts: &PodFacts<'_>) -> Option<OptOut<'c>> {
+    let cfg = &inj.config;
+    if entry(inj, facts) != Ok(Entry::Required)
+        || facts.pod.label(&cfg.inject_label) != Some("false")
+        || inj.is_excluded_namespace(facts.namespace)
+        || skipped_anyway(inj, facts)
+    {
+        return None;
+    }
+    Some(
+        match cfg
+            .required
+            .exemption(facts.namespace, facts.service_account())
+        {
+            Some(exemption) => OptOut::Exempt(exemption),
+            None => OptOut::Refused,
+        },
+    )
+}
+
+/// Whether the pod, were it not opting out, would get no sidecar anyway: malformed, a
+/// `hostNetwork` pod (`skip.hostNetwork`), or every template it asks for left out (a Windows
+/// pod and templates without `supportsWindows`, another mesh's proxy it runs). Requiring
+/// sidecars of it would refuse a pod for what configuration forgives; the chart's
+/// matchConditions keep such pods from the webhooks, and the backstop lets them by, alike.
+/// Templates are read as rendered for the set's sample pod (what `supportsWindows` and
+/// `conflictsWith` say does not depend on the pod).
+fn skipped_anyway(inj: &Injector, facts: &PodFacts<'_>) -> bool {
+    let cfg = &inj.config;
+    if malformed(facts.pod).is_some() {
+        return true;
+    }
+    let spec = facts.pod.spec.as_ref();
+    if cfg.skip.host_network && spec.and_then(|s| s.host_network).unwrap_or(false) {
+        return true;
+    }
+    let Ok(names) = selected_templates(inj, facts) else {
+        return false;
+    };
+    let windows = cfg.skip.windows && facts.is_windows().unwrap_or(false);
+    names.iter().all(|name| {
+        inj.templates.sample(name).is_ok_and(|f| {
+            (windows && !f.supports_windows)
+                || f.conflicts_with.iter().any(|c| facts.pod.has_container(c))
+        })
+    })
 }
 
 /// What makes a pod one the API server refuses whatever a patch adds, and that a patch could

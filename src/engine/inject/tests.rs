@@ -346,6 +346,141 @@ fn known_namespace_labels_pick_the_entry() {
     assert!(why.contains("its namespace does not carry"), "{why}");
 }
 
+/// An injector whose configuration exempts `ci/runner` and `backup` in every namespace.
+fn with_exemptions() -> Injector {
+    let config = format!(
+        "{}required:\n  exempt: [ci/runner, \"*/backup\"]\n",
+        crate::engine::config::DEFAULT_CONFIG
+    );
+    Injector::from_sources(
+        "required.yaml",
+        &config,
+        crate::engine::config::bundled_templates(),
+        Some("sidecar-injector".into()),
+    )
+    .expect("loads")
+}
+
+/// Sent by the required entry, a pod is injected as by the namespace entry unless it says
+/// "false"; then it is not injected, and it opts out lawfully only if its service account
+/// (default: `default`) is exempt in its namespace, by an entry naming it or `*`.
+#[test]
+fn the_required_entry_injects_and_judges_an_opt_out() {
+    let inj = with_exemptions();
+    let decide_as = |labels_: &[(&str, &str)], sa: Option<&str>, ns: &str| {
+        let mut p = opted_in();
+        p.metadata.labels = Some(labels(labels_));
+        if let Some(sa) = sa {
+            p.spec.as_mut().expect("spec").service_account_name = Some(sa.into());
+        }
+        let json = crate::engine::view::pod_json(&p);
+        let view = PodView::parse(&json).expect("view");
+        let facts = PodFacts::new(&view, Some(ns)).with_entry(Entry::Required);
+        let decision = decide(&inj, &facts).expect("decides");
+        let why = opt_in(&inj, &facts).err();
+        let verdict = required_opt_out(&inj, &facts).map(|o| match o {
+            OptOut::Exempt(e) => Some(e.to_owned()),
+            OptOut::Refused => None,
+        });
+        (decision, why, verdict)
+    };
+    let inject = "sidecar-injector.io/inject";
+    for pod_labels in [&[][..], &[(inject, "true")], &[(inject, "yes")]] {
+        let (decision, _, verdict) = decide_as(pod_labels, None, "shop");
+        let Decision::Inject(plan) = decision else {
+            panic!("{pod_labels:?}: {decision:?}")
+        };
+        assert_eq!(plan.entry, Entry::Required);
+        assert_eq!(verdict, None, "{pod_labels:?} does not opt out");
+    }
+    let out = &[(inject, "false")][..];
+    let (decision, why, verdict) = decide_as(out, None, "shop");
+    assert_eq!(decision, Decision::NotOptedIn);
+    assert_eq!(verdict, Some(None), "default is exempt nowhere");
+    let why = why.expect("a reason");
+    assert!(
+        why.contains("inject=required") && why.contains("refuse") && why.contains("\"default\""),
+        "{why}"
+    );
+    assert_eq!(decide_as(out, Some("runner"), "shop").2, Some(None));
+    let (_, why, verdict) = decide_as(out, Some("runner"), "ci");
+    assert_eq!(verdict, Some(Some("ci/runner".into())));
+    assert!(
+        why.expect("a reason")
+            .contains("is exempt (required.exempt: \"ci/runner\")")
+    );
+    assert_eq!(
+        decide_as(out, Some("backup"), "shop").2,
+        Some(Some("*/backup".into()))
+    );
+    // An excluded namespace is never injected, so it never requires anything.
+    assert_eq!(decide_as(out, None, "kube-system").2, None);
+    // Nor is a pod configuration skips anyway: a hostNetwork one, a Windows one.
+    for spec in [
+        serde_json::json!({"hostNetwork": true}),
+        serde_json::json!({"nodeSelector": {"kubernetes.io/os": "windows"}}),
+    ] {
+        let mut p = opted_in();
+        p.metadata.labels = Some(labels(out));
+        let mut json = serde_json::to_value(&p).expect("json");
+        for (k, v) in spec.as_object().expect("object") {
+            json["spec"][k] = v.clone();
+        }
+        let json = serde_json::to_vec(&json).expect("bytes");
+        let view = PodView::parse(&json).expect("view");
+        let facts = PodFacts::new(&view, Some("shop")).with_entry(Entry::Required);
+        assert_eq!(required_opt_out(&inj, &facts), None, "{spec}");
+    }
+    // By the namespace entry, an opt-out is lawful whoever runs the pod.
+    let mut p = opted_in();
+    p.metadata.labels = Some(labels(out));
+    let json = crate::engine::view::pod_json(&p);
+    let view = PodView::parse(&json).expect("view");
+    let facts = PodFacts::new(&view, Some("shop")).with_entry(Entry::Namespace);
+    assert_eq!(required_opt_out(&inj, &facts), None);
+}
+
+/// Known namespace labels (offline) pick the required entry as the chart's selectors would,
+/// with the namespace's revision.
+#[test]
+fn known_required_namespace_labels_pick_the_required_entry() {
+    let (default, canary) = (injector(), canary());
+    let p = pod(serde_json::json!({
+        "metadata": {"name": "web", "labels": {"sidecar-injector.io/inject": "false"}},
+        "spec": {"containers": [{"name": "app"}]}
+    }));
+    let required = labels(&[("sidecar-injector.io/inject", "required")]);
+    let required_canary = labels(&[
+        ("sidecar-injector.io/inject", "required"),
+        ("sidecar-injector.io/rev", "canary"),
+    ]);
+    let json = crate::engine::view::pod_json(&p);
+    let view = PodView::parse(&json).expect("view");
+    let judge = |inj: &Injector, ns: &BTreeMap<String, String>| {
+        let mut facts = PodFacts::new(&view, Some("shop"));
+        facts.namespace_labels = Some(ns);
+        let refused = required_opt_out(inj, &facts) == Some(OptOut::Refused);
+        (opt_in(inj, &facts), refused)
+    };
+    let (why, refused) = judge(&default, &required);
+    assert!(why.expect_err("opts out").contains("refuse"));
+    assert!(refused);
+    assert!(judge(&canary, &required_canary).1);
+    let (why, refused) = judge(&default, &required_canary);
+    assert!(
+        why.expect_err("another revision's")
+            .contains("required) for revision \"canary\"")
+    );
+    assert!(!refused);
+    let mut unlabelled = p.clone();
+    unlabelled.metadata.labels = None;
+    let json = crate::engine::view::pod_json(&unlabelled);
+    let view = PodView::parse(&json).expect("view");
+    let mut facts = PodFacts::new(&view, Some("shop"));
+    facts.namespace_labels = Some(&required);
+    assert_eq!(opt_in(&default, &facts), Ok(Entry::Required));
+}
+
 #[test]
 fn excluded_namespaces_and_own_namespace_are_skipped() {
     let inj = injector();

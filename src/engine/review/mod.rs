@@ -23,11 +23,13 @@ use crate::engine::review::road::answer_in;
 
 /// The paths the server answers on: the webhook, and the chart's entry that calls it (which
 /// selectors the API server matched: see [`Entry`]).
-pub const PATHS: [(&str, Webhook, Entry); 4] = [
+pub const PATHS: [(&str, Webhook, Entry); 6] = [
     ("/mutate", Webhook::Mutate, Entry::Pod),
     ("/validate", Webhook::Validate, Entry::Pod),
     ("/mutate/namespace", Webhook::Mutate, Entry::Namespace),
     ("/validate/namespace", Webhook::Validate, Entry::Namespace),
+    ("/mutate/required", Webhook::Mutate, Entry::Required),
+    ("/validate/required", Webhook::Validate, Entry::Required),
 ];
 
 /// The webhook and entry a path stands for.

@@ -5,11 +5,12 @@ use kube::core::admission::{AdmissionResponse, Operation};
 
 use crate::engine::config::{Injector, ValidationMode};
 use crate::engine::inject::{
-    Decision, Entry, InjectError, PodFacts, Status as InjectStatus, decide, plan_edits, to_patch,
+    Decision, Entry, InjectError, OptOut, PodFacts, Status as InjectStatus, decide, plan_edits,
+    required_opt_out, to_patch,
 };
 use crate::engine::review::answer::{Answer, Injected, Outcome, Summary, Webhook};
 use crate::engine::review::write::{Allowed, base, deny, finish, warn, write_allowed};
-use crate::engine::validate::{denial_message, findings, sidecars_changed};
+use crate::engine::validate::{denial_message, findings, required_refusal, sidecars_changed};
 use crate::engine::view::PodView;
 
 /// A request as the engine reads it, whichever road it came by.
@@ -256,11 +257,41 @@ fn validate(
                     warn(response, vec![warning]),
                     403,
                     "Forbidden",
-                    denial_message(inj, &name, &changed),
+                    denial_message(inj, entry, &name, &changed),
                 ),
                 Outcome::Denied,
             ));
         }
+    }
+    // A pod that opts out where its namespace requires sidecars, its service account not
+    // exempt. On UPDATE, one that already did (created before its namespace required them) is
+    // admitted with a warning, like any problem the update does not introduce.
+    let facts = PodFacts::new(pod, r.namespace).with_entry(entry);
+    let refusal = match required_opt_out(inj, &facts) {
+        Some(OptOut::Refused) => required_refusal(inj, &facts, &display_name(r, pod)),
+        _ => None,
+    };
+    if let Some(refusal) = refusal {
+        let before = match (r.operation, r.old_object) {
+            (Operation::Update, Some(old)) => {
+                let old = PodFacts::new(old, r.namespace).with_entry(entry);
+                required_opt_out(inj, &old) == Some(OptOut::Refused)
+            }
+            _ => false,
+        };
+        return Ok(match (before, inj.config.validation.mode) {
+            (false, ValidationMode::Enforce) => {
+                (deny(response, 403, "Forbidden", refusal), Outcome::Denied)
+            }
+            (true, _) | (false, ValidationMode::Warn) => {
+                let refusal = refusal.trim_start_matches("sidecar-injector: ");
+                let warning = match before {
+                    true => format!("sidecar-injector: pre-existing problem: {refusal}"),
+                    false => format!("sidecar-injector: {refusal}"),
+                };
+                (warn(response, vec![warning]), Outcome::Allowed)
+            }
+        });
     }
     let problems = match problems(inj, entry, pod, r.namespace) {
         Ok(p) if p.is_empty() => return Ok((response, Outcome::Allowed)),
@@ -287,18 +318,16 @@ fn validate(
     if new.is_empty() {
         return Ok((warn(response, warnings), Outcome::Allowed));
     }
-    let name = match r.name {
-        n if !n.is_empty() => format!("{n:?}"),
-        _ => match pod.meta().generate_name.as_ref() {
-            Some(g) => format!("{:?}*", g.as_str()),
-            None => "(unnamed)".into(),
-        },
-    };
     Ok(match inj.config.validation.mode {
         ValidationMode::Enforce => {
             let response = warn(response, warnings);
             (
-                deny(response, 403, "Forbidden", denial_message(inj, &name, &new)),
+                deny(
+                    response,
+                    403,
+                    "Forbidden",
+                    denial_message(inj, entry, &display_name(r, pod), &new),
+                ),
                 Outcome::Denied,
             )
         }
@@ -307,6 +336,18 @@ fn validate(
             (warn(response, warnings), Outcome::Allowed)
         }
     })
+}
+
+/// The pod's name as a denial quotes it: `"web"`, `"web-"*` for one still to be named. Made
+/// only for a denial: an admitted pod is never named.
+fn display_name(r: &Req<'_>, pod: &PodView<'_>) -> String {
+    match r.name {
+        n if !n.is_empty() => format!("{n:?}"),
+        _ => match pod.meta().generate_name.as_ref() {
+            Some(g) => format!("{:?}*", g.as_str()),
+            None => "(unnamed)".into(),
+        },
+    }
 }
 
 fn status_of(inj: &Injector, pod: &PodView<'_>) -> Option<InjectStatus> {
