@@ -1192,6 +1192,11 @@ impl OwnServer {
         })
     }
 
+    /// Stops the server (its directory stays until it is dropped).
+    async fn stop(&mut self) {
+        let _ = self.process.kill().await;
+    }
+
     /// Its log so far.
     fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
@@ -2988,7 +2993,8 @@ async fn certificates_rotate(
 /// "false" is refused by the validating webhook with the sentence that names the namespace
 /// and required.exempt; the same pod run as `backup` is admitted without sidecars. In a
 /// namespace labelled `enabled` for the same revision, a pod that says "false" is admitted
-/// untouched, as before.
+/// untouched, as before. The backstop exported from the same configuration with
+/// `--namespace-required`, the server stopped, refuses the opt-out in the same words.
 #[tokio::test]
 async fn s30_a_required_namespace_refuses_an_opt_out_unless_exempt() -> anyhow::Result<()> {
     scenario(
@@ -3004,7 +3010,11 @@ async fn s30_a_required_namespace_refuses_an_opt_out_unless_exempt() -> anyhow::
             let required_ns = cx
                 .extra_namespace(
                     "required",
-                    &[(INJECT_LABEL, "required"), (REVISION_LABEL, "req")],
+                    &[
+                        (INJECT_LABEL, "required"),
+                        (REVISION_LABEL, "req"),
+                        (sidecar_injector_e2e::policies::ROAD_LABEL, "s30"),
+                    ],
                 )
                 .await?;
             let enabled_ns = cx
@@ -3028,7 +3038,7 @@ async fn s30_a_required_namespace_refuses_an_opt_out_unless_exempt() -> anyhow::
                 key.into(),
             ];
             let exempt = format!("{required_ns}/backup");
-            let server = OwnServer::start_with(
+            let mut server = OwnServer::start_with(
                 &cx.env,
                 &release_ns,
                 "req",
@@ -3118,7 +3128,56 @@ async fn s30_a_required_namespace_refuses_an_opt_out_unless_exempt() -> anyhow::
                     &labelled(app_pod("opted-out"), INJECT_LABEL, "false"),
                 )
                 .await?;
-                check_untouched(&stored).context("an opt-out in an enabled namespace")
+                check_untouched(&stored).context("an opt-out in an enabled namespace")?;
+
+                // The backstop of the req server's configuration (`export backstop
+                // --namespace-required`), bound to the required namespace only: with the
+                // server stopped, the API server itself refuses the opt-out, in the same words.
+                let docs = sidecar_injector_e2e::policies::export(
+                    &cx.env,
+                    "backstop",
+                    Some(&server.dir.join("config.yaml")),
+                    &["--namespace-required=true"],
+                )
+                .await?;
+                let installed =
+                    sidecar_injector_e2e::policies::install(&cx.client, docs, &["s30"]).await?;
+                server.stop().await;
+                let backstop = eventually(
+                    "the backstop to refuse the opt-out",
+                    Duration::from_secs(30),
+                    || async {
+                        match dry_run(
+                            &pods,
+                            &labelled(app_pod("unreached"), INJECT_LABEL, "false"),
+                        )
+                        .await
+                        {
+                            Err(e) => {
+                                let message = sidecar_injector_e2e::cluster::refusal(&e);
+                                Ok(message
+                                    .contains("ValidatingAdmissionPolicy")
+                                    .then_some(message))
+                            }
+                            Ok(_) => anyhow::bail!("admitted with the server stopped"),
+                        }
+                    },
+                )
+                .await;
+                installed.remove().await?;
+                let backstop = backstop?;
+                for expected in [
+                    format!("its namespace \"{required_ns}\" requires sidecars"),
+                    format!("exempt in \"{required_ns}\": \"backup\""),
+                    "required.exempt".to_owned(),
+                ] {
+                    ensure!(
+                        backstop.contains(&expected),
+                        "the backstop's refusal does not say {expected:?}: {backstop}"
+                    );
+                }
+                println!("s30: with the server stopped: {backstop}");
+                Ok(())
             }
             .await;
             let uninstalled = helm_uninstall(&cx, release, &release_ns).await;
