@@ -216,6 +216,20 @@ pub async fn rejects(pods: &Api<Pod>, pod: &Pod) -> anyhow::Result<String> {
     }
 }
 
+/// Waits (at most 60 s) until a dry-run create of `pod` in `pods` comes back injected: a
+/// server of a scenario's own and its webhooks are answering. A refusal meanwhile is the
+/// last reason given.
+pub async fn wait_injecting(pods: &Api<Pod>, pod: &Pod, what: &str) -> anyhow::Result<()> {
+    eventually(what, Duration::from_secs(60), || async {
+        match dry_run(pods, pod).await {
+            Ok(stored) if crate::pods::status_annotation(&stored).is_some() => Ok(Some(())),
+            Ok(_) => Ok(None),
+            Err(e) => anyhow::bail!("dry run refused: {}", refusal(&e)),
+        }
+    })
+    .await
+}
+
 /// A server-side dry-run create: the pod as the apiserver would store it, or the refusal.
 pub async fn dry_run(pods: &Api<Pod>, pod: &Pod) -> Result<Pod, kube::Error> {
     pods.create(

@@ -1277,19 +1277,10 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
                     Ok(status(pod)?["revision"].as_str().unwrap_or("").to_owned())
                 };
                 let canary_pods = cx.pods_in(&canary_ns);
-                eventually(
+                sidecar_injector_e2e::cluster::wait_injecting(
+                    &canary_pods,
+                    &app_pod("probe"),
                     "the canary server and webhooks to inject",
-                    Duration::from_secs(60),
-                    || async {
-                        match dry_run(&canary_pods, &app_pod("probe")).await {
-                            Ok(pod) if status_annotation(&pod).is_some() => Ok(Some(())),
-                            Ok(_) => Ok(None),
-                            Err(e) => anyhow::bail!(
-                                "dry run refused: {}",
-                                sidecar_injector_e2e::cluster::refusal(&e)
-                            ),
-                        }
-                    },
                 )
                 .await?;
 
@@ -3083,19 +3074,10 @@ async fn s30_a_required_namespace_refuses_an_opt_out_unless_exempt() -> anyhow::
                     "the release's validating webhooks are {names:?}"
                 );
                 let pods = cx.pods_in(&required_ns);
-                eventually(
+                sidecar_injector_e2e::cluster::wait_injecting(
+                    &pods,
+                    &app_pod("probe"),
                     "the req server and webhooks to inject",
-                    Duration::from_secs(60),
-                    || async {
-                        match dry_run(&pods, &app_pod("probe")).await {
-                            Ok(pod) if status_annotation(&pod).is_some() => Ok(Some(())),
-                            Ok(_) => Ok(None),
-                            Err(e) => anyhow::bail!(
-                                "dry run refused: {}",
-                                sidecar_injector_e2e::cluster::refusal(&e)
-                            ),
-                        }
-                    },
                 )
                 .await?;
                 let stored = accepts(&pods, &app_pod("plain")).await?;
