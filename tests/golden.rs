@@ -6,11 +6,14 @@
 //! which is sent as a v1 CREATE review. The file name picks the few things a review cannot say:
 //! - `deny/mutate-*`: answered by the mutating webhook (all other `deny/` files: the validator);
 //! - `warn-mode-*`: the default configuration with `validation.mode: warn`;
+//! - `deny/*-pre-existing-*`: an UPDATE that does not introduce its problem: admitted with a
+//!   warning, as in warn mode;
 //! - `tilde-*`: a configuration whose keys contain `/` and `~` (see [`tilde_injector`]);
 //! - `canary-*`: the default configuration with `revision: canary`;
 //! - `required-*`: sent by the required entry (`/mutate/required`, `/validate/required`: its
 //!   namespace is labelled `sidecar-injector.io/inject: required`), to the default
-//!   configuration with `required.exempt` (see [`required_injector`]).
+//!   configuration with `required.exempt` (see [`required_injector`]); `required-warn-mode-*`:
+//!   the same with `validation.mode: warn`.
 //!
 //! `tests/inputs/kubectl/` holds what `kubectl get ... -o yaml|json` prints (a `kind: List`),
 //! through `inject` and `explain` ([`kubectl`]).
@@ -107,7 +110,16 @@ fn canary_injector() -> Injector {
 /// The default configuration exempting, in a required namespace, the service account `backup`
 /// of `shop` and `ci-runner` of every namespace.
 fn required_injector() -> Injector {
-    let config = format!("{DEFAULT_CONFIG}required:\n  exempt: [shop/backup, \"*/ci-runner\"]\n");
+    required_injector_from(DEFAULT_CONFIG.to_owned())
+}
+
+/// [`required_injector`] with `validation.mode: warn`.
+fn required_warn_injector() -> Injector {
+    required_injector_from(default_config_with(&[("mode: enforce", "mode: warn")]))
+}
+
+fn required_injector_from(base: String) -> Injector {
+    let config = format!("{base}required:\n  exempt: [shop/backup, \"*/ci-runner\"]\n");
     Injector::from_sources(
         "required.yaml",
         &config,
@@ -129,6 +141,8 @@ fn injector_for(path: &Path) -> Injector {
         tilde_injector()
     } else if name.starts_with("canary-") {
         canary_injector()
+    } else if name.starts_with("required-warn-mode-") {
+        required_warn_injector()
     } else if name.starts_with("required-") {
         required_injector()
     } else {
@@ -422,15 +436,15 @@ fn check_skip(
     problems
 }
 
-fn check_deny(request: &Value, warn_mode: bool, outcome: Outcome, decoded: &Value) -> Vec<String> {
+fn check_deny(request: &Value, warned: bool, outcome: Outcome, decoded: &Value) -> Vec<String> {
     let mut problems = Vec::new();
     check_envelope(request, decoded, &mut problems);
     check_no_patch(decoded, &mut problems);
     let response = &decoded["response"];
-    if warn_mode {
+    if warned {
         let warnings = response["warnings"].as_array().map_or(0, Vec::len);
         if response["allowed"] != true || outcome != Outcome::Allowed || warnings == 0 {
-            problems.push(format!("warn mode must admit with warnings: {response}"));
+            problems.push(format!("must be admitted with warnings: {response}"));
         }
         return problems;
     }
@@ -502,7 +516,9 @@ fn deny() {
             Webhook::Validate
         };
         let (outcome, decoded) = ask_as(&inj, webhook, entry, &request);
-        let problems = check_deny(&request, name.starts_with("warn-mode-"), outcome, &decoded);
+        // Admitted with warnings: warn mode, and a problem an UPDATE did not introduce.
+        let warned = name.contains("warn-mode-") || name.contains("-pre-existing-");
+        let problems = check_deny(&request, warned, outcome, &decoded);
         (decoded, problems)
     });
 }
