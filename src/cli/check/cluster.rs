@@ -124,66 +124,90 @@ pub async fn endpoint_slices(
     })
 }
 
-/// The backstop objects' annotations, by name.
-pub async fn backstop(
-    client: &Client,
-    name: &str,
-) -> (Got<BTreeMap<String, String>>, Got<BTreeMap<String, String>>) {
+/// The backstop objects' annotations, by name: the policy, its binding, and the binding of
+/// required namespaces (`<name>-required`).
+pub async fn backstop(client: &Client, name: &str) -> [Got<BTreeMap<String, String>>; 3] {
     let annotations = |m: kube::core::ObjectMeta| m.annotations.unwrap_or_default();
     let policy = match get_cluster::<ValidatingAdmissionPolicy>(client, name).await {
         Got::Found(p) => Got::Found(annotations(p.metadata)),
         other => other.absent(),
     };
-    let binding = match get_cluster::<ValidatingAdmissionPolicyBinding>(client, name).await {
-        Got::Found(b) => Got::Found(annotations(b.metadata)),
-        other => other.absent(),
-    };
-    (policy, binding)
+    let mut bindings = Vec::new();
+    for name in [name.to_owned(), format!("{name}-required")] {
+        bindings.push(
+            match get_cluster::<ValidatingAdmissionPolicyBinding>(client, &name).await {
+                Got::Found(b) => Got::Found(annotations(b.metadata)),
+                other => other.absent(),
+            },
+        );
+    }
+    let required = bindings.pop().unwrap_or(Got::Missing);
+    let binding = bindings.pop().unwrap_or(Got::Missing);
+    [policy, binding, required]
 }
 
-/// The MutatingAdmissionPolicy `name` and its binding, by their annotations, with the API
-/// version the policy was found in: v1 (Kubernetes 1.36+) first, then v1beta1 (1.34-1.35).
-pub async fn mutating_policy(
+/// The annotations of the cluster-scoped `kind` `name` in `admissionregistration.k8s.io/<version>`.
+async fn admission_object(
     client: &Client,
+    version: &str,
+    kind: &str,
     name: &str,
-) -> (
-    Option<String>,
-    Got<BTreeMap<String, String>>,
-    Got<BTreeMap<String, String>>,
-) {
+) -> Got<BTreeMap<String, String>> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        version,
+        kind,
+    ));
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    match got(api.get(name).await, || {
+        format!("get {} {name}", resource.plural)
+    }) {
+        Got::Found(o) => Got::Found(o.metadata.annotations.unwrap_or_default()),
+        other => other.absent(),
+    }
+}
+
+/// What was read of the MutatingAdmissionPolicy `name`: the API version it was found in, and
+/// the annotations of the policy, its binding and the binding of required namespaces
+/// (`<name>-required`).
+pub struct MutatingPolicyRead {
+    pub api_version: Option<String>,
+    pub policy: Got<BTreeMap<String, String>>,
+    pub binding: Got<BTreeMap<String, String>>,
+    pub required_binding: Got<BTreeMap<String, String>>,
+}
+
+/// The MutatingAdmissionPolicy `name` and its bindings, by their annotations, with the API
+/// version the policy was found in: v1 (Kubernetes 1.36+) first, then v1beta1 (1.34-1.35).
+pub async fn mutating_policy(client: &Client, name: &str) -> MutatingPolicyRead {
     // Not served in a version (404), or not there: the next version may have it. A refusal or
     // an error is reported unless a version has it.
     let mut unread = None;
     for version in ["v1", "v1beta1"] {
-        let get = |kind: &'static str| {
-            let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-                "admissionregistration.k8s.io",
-                version,
-                kind,
-            ));
-            let plural = resource.plural.clone();
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            async move {
-                match got(api.get(name).await, || format!("get {plural} {name}")) {
-                    Got::Found(o) => Got::Found(o.metadata.annotations.unwrap_or_default()),
-                    other => other.absent(),
-                }
-            }
-        };
-        match get("MutatingAdmissionPolicy").await {
+        match admission_object(client, version, "MutatingAdmissionPolicy", name).await {
             Got::Missing => {}
             Got::Found(policy) => {
-                let binding = get("MutatingAdmissionPolicyBinding").await;
-                return (Some(version.to_owned()), Got::Found(policy), binding);
+                let binding = |name: String| async move {
+                    admission_object(client, version, "MutatingAdmissionPolicyBinding", &name).await
+                };
+                return MutatingPolicyRead {
+                    api_version: Some(version.to_owned()),
+                    policy: Got::Found(policy),
+                    binding: binding(name.to_owned()).await,
+                    required_binding: binding(format!("{name}-required")).await,
+                };
             }
             other => {
                 unread.get_or_insert(other);
             }
         }
     }
-    match unread {
-        Some(why) => (None, why.clone(), why),
-        None => (None, Got::Missing, Got::Missing),
+    let why = unread.unwrap_or(Got::Missing);
+    MutatingPolicyRead {
+        api_version: None,
+        policy: why.clone(),
+        binding: why.clone(),
+        required_binding: why,
     }
 }
 

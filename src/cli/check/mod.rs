@@ -161,11 +161,12 @@ impl CheckArgs {
         let (backstop_seen, dry_run) = match &config {
             Got::Found(inj) => {
                 let name = format!("{}-backstop", crate::export::base_name(inj));
-                let (policy, binding) = cluster::backstop(&client, &name).await;
+                let [policy, binding, required_binding] = cluster::backstop(&client, &name).await;
                 let seen = backstop::BackstopRead {
                     server_applies: deployment.found().map(backstop::server_applies),
                     policy,
                     binding,
+                    required_binding,
                 };
                 let answer = cluster::dry_run(&client, &pod_namespace, &probe::pod(inj)).await;
                 (Some(seen), Some(answer))
@@ -248,8 +249,8 @@ async fn read_policy_mode(
     let name = config
         .found()
         .map_or_else(|| "sidecar-injector".to_owned(), crate::export::base_name);
-    let (api_version, policy, binding) = cluster::mutating_policy(client, &name).await;
-    if !policy_mode::detect(deployment, mutating, validating, &policy) {
+    let read = cluster::mutating_policy(client, &name).await;
+    if !policy_mode::detect(deployment, mutating, validating, &read.policy) {
         return None;
     }
     let keeper = match (keeper, deployment) {
@@ -260,9 +261,10 @@ async fn read_policy_mode(
     Some(policy_mode::PolicyModeRead {
         name,
         keeper,
-        api_version,
-        policy,
-        binding,
+        api_version: read.api_version,
+        policy: read.policy,
+        binding: read.binding,
+        required_binding: read.required_binding,
     })
 }
 

@@ -36,6 +36,9 @@ pub struct BackstopRead {
     pub server_applies: Option<bool>,
     pub policy: Got<BTreeMap<String, String>>,
     pub binding: Got<BTreeMap<String, String>>,
+    /// The binding of required namespaces (`<name>-required`, `webhook.namespaceOptIn.required`):
+    /// in policy mode the only thing that refuses their pods' opt-out.
+    pub required_binding: Got<BTreeMap<String, String>>,
 }
 
 /// Check 4. `name`: the objects' name (`sidecar-injector-backstop`); `digest`: the running
@@ -160,6 +163,7 @@ mod tests {
                 Got::Missing => Got::Missing,
                 _ => annotated("abc"),
             },
+            required_binding: Got::Missing,
             policy,
         }
     }

@@ -394,26 +394,41 @@ fn configurations(o: &Observed, entries: &Entries) -> Vec<Finding> {
     }
     if let (Got::Found(inj), Some(read)) = (&o.config, &o.policy_mode) {
         out.extend(policy_mode::judge(inst, &inj.digest, read));
+        let backstop = format!("{}-backstop", crate::export::base_name(inj));
+        out.extend(required_namespaces(o, |names| {
+            policy_mode::required_namespaces(
+                names,
+                expect.inject_label,
+                read,
+                o.backstop.as_ref(),
+                &backstop,
+            )
+        }));
     }
     if let (Some(m), Some(v)) = (entries.mutating.found(), entries.validating.found()) {
         out.extend(webhooks::pairing(&inst.release, m, v, &expect));
-        match &o.required_namespaces {
-            Got::Found(names) => out.extend(webhooks::required_namespaces(
-                &inst.release,
-                names,
-                m,
-                v,
-                &expect,
-            )),
-            Got::Forbidden(right) => out.push(Finding::skip(
-                "webhooks",
-                "namespaces labelled required",
-                format!("you lack the right to {right}"),
-            )),
-            Got::Missing | Got::Failed(_) => {}
-        }
+        out.extend(required_namespaces(o, |names| {
+            webhooks::required_namespaces(&inst.release, names, m, v, &expect)
+        }));
     }
     out
+}
+
+/// What `judge` finds of the namespaces labelled `<injectLabel>: required`, when they could be
+/// listed.
+fn required_namespaces(
+    o: &Observed,
+    judge: impl FnOnce(&[String]) -> Vec<Finding>,
+) -> Vec<Finding> {
+    match &o.required_namespaces {
+        Got::Found(names) => judge(names),
+        Got::Forbidden(right) => vec![Finding::skip(
+            "webhooks",
+            "namespaces labelled required",
+            format!("you lack the right to {right}"),
+        )],
+        Got::Missing | Got::Failed(_) => Vec::new(),
+    }
 }
 
 /// The ready endpoints of every Service the entries call.

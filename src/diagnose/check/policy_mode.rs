@@ -7,8 +7,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 
-use super::backstop::{env_is_true, in_step};
+use super::backstop::{BackstopRead, env_is_true, in_step};
 use super::{Finding, Got, Installation, State, unread};
+use crate::engine::config::NAMESPACE_REQUIRED;
 
 /// The environment variable that makes the chart's pod a keeper (`serve --policies-only`).
 pub const POLICIES_ONLY_ENV: &str = "SIDECAR_INJECTOR_POLICIES_ONLY";
@@ -55,6 +56,8 @@ pub struct PolicyModeRead {
     /// The policy's and its binding's annotations.
     pub policy: Got<BTreeMap<String, String>>,
     pub binding: Got<BTreeMap<String, String>>,
+    /// The binding of required namespaces (`<name>-required`, `webhook.namespaceOptIn.required`).
+    pub required_binding: Got<BTreeMap<String, String>>,
 }
 
 /// Whether an installation is in policy mode: its Deployment is a keeper, or it has no webhook
@@ -158,6 +161,66 @@ pub fn judge(inst: &Installation, digest: &str, seen: &PolicyModeRead) -> Vec<Fi
     out
 }
 
+/// Check 1 in policy mode, for required namespaces: the namespaces labelled
+/// `<injectLabel>: required` for this revision (`required`: their names) are selected by the
+/// MutatingAdmissionPolicy's `-required` binding, which injects their pods, and by the
+/// backstop's, which alone refuses an opt-out there (policy mode has no validating webhook).
+/// Without either, their pods escape. Nothing to say when there are none. `backstop_name`:
+/// the backstop's objects' name.
+pub fn required_namespaces(
+    required: &[String],
+    inject_label: &str,
+    seen: &PolicyModeRead,
+    backstop: Option<&BackstopRead>,
+    backstop_name: &str,
+) -> Vec<Finding> {
+    if required.is_empty() {
+        return Vec::new();
+    }
+    let listed = required.join(", ");
+    let subject = format!("namespaces labelled {inject_label}={NAMESPACE_REQUIRED}");
+    let mutating = format!("MutatingAdmissionPolicyBinding {}-required", seen.name);
+    let validating = format!("ValidatingAdmissionPolicyBinding {backstop_name}-required");
+    let mut lacking = Vec::new();
+    let mut unread = Vec::new();
+    let mut judge = |what: &str, got: &Got<BTreeMap<String, String>>, escape: &str| match got {
+        Got::Found(_) => {}
+        Got::Missing => lacking.push(format!("no {what} ({escape})")),
+        Got::Forbidden(right) => unread.push(format!("{what}: you lack the right to {right}")),
+        Got::Failed(error) => unread.push(format!("{what} cannot be read: {error}")),
+    };
+    judge(
+        &mutating,
+        &seen.required_binding,
+        "their pods are injected only when labelled \"true\"",
+    );
+    match backstop {
+        Some(b) if matches!(b.policy, Got::Missing) => lacking.push(format!(
+            "no ValidatingAdmissionPolicy {backstop_name} (policies.backstop), so nothing refuses a pod that opts out"
+        )),
+        Some(b) => judge(&validating, &b.required_binding, "a pod that opts out is not refused"),
+        None => unread.push("the backstop was not read".to_owned()),
+    }
+    if !lacking.is_empty() {
+        return vec![
+            Finding::fail(
+                "mutatingPolicy",
+                subject,
+                format!("{listed}: {}: their pods escape", lacking.join("; ")),
+            )
+            .fix("helm upgrade the release with --set webhook.namespaceOptIn.required=true (and policies.backstop=true); if it is set, the keeper has not applied them: see its logs"),
+        ];
+    }
+    if !unread.is_empty() {
+        return vec![Finding::skip("mutatingPolicy", subject, unread.join("; "))];
+    }
+    vec![Finding::pass(
+        "mutatingPolicy",
+        subject,
+        format!("{listed}: selected by {mutating} and {validating}"),
+    )]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,6 +243,7 @@ mod tests {
             keeper,
             api_version: Some("v1".into()),
             binding: annotated("abc"),
+            required_binding: Got::Missing,
             policy,
         }
     }
@@ -270,5 +334,72 @@ mod tests {
             &none,
             &Got::Missing
         ));
+    }
+
+    fn backstop(
+        policy: Got<BTreeMap<String, String>>,
+        required: Got<BTreeMap<String, String>>,
+    ) -> BackstopRead {
+        BackstopRead {
+            server_applies: Some(true),
+            binding: annotated("abc"),
+            policy,
+            required_binding: required,
+        }
+    }
+
+    /// Required namespaces in policy mode need both `-required` bindings: without the mutating
+    /// one their pods are not injected, without the backstop's (or the backstop) an opt-out is
+    /// not refused. Each lack is named; none to say when no namespace is labelled required.
+    #[test]
+    fn required_namespaces_need_both_required_bindings() {
+        let names = ["team-a".to_owned(), "team-b".to_owned()];
+        let label = "sidecar-injector.io/inject";
+        let mut read = seen(Got::Found(READY), annotated("abc"));
+        let b = backstop(annotated("abc"), Got::Missing);
+        assert!(required_namespaces(&[], label, &read, Some(&b), "p-backstop").is_empty());
+
+        let found = required_namespaces(&names, label, &read, Some(&b), "p-backstop");
+        assert_eq!(found.len(), 1);
+        assert_eq!(found[0].state, State::Fail);
+        assert_eq!(
+            found[0].line(),
+            "✗ namespaces labelled sidecar-injector.io/inject=required: team-a, team-b: no MutatingAdmissionPolicyBinding p-required (their pods are injected only when labelled \"true\"); no ValidatingAdmissionPolicyBinding p-backstop-required (a pod that opts out is not refused): their pods escape — helm upgrade the release with --set webhook.namespaceOptIn.required=true (and policies.backstop=true); if it is set, the keeper has not applied them: see its logs"
+        );
+        assert!(
+            found[0]
+                .fix
+                .as_deref()
+                .unwrap_or("")
+                .contains("webhook.namespaceOptIn.required=true")
+        );
+
+        read.required_binding = annotated("abc");
+        let found = required_namespaces(&names, label, &read, Some(&b), "p-backstop");
+        assert_eq!(found[0].state, State::Fail);
+        assert!(
+            !found[0].message.contains("MutatingAdmissionPolicyBinding"),
+            "{found:?}"
+        );
+
+        let no_backstop = backstop(Got::Missing, Got::Missing);
+        let found = required_namespaces(&names, label, &read, Some(&no_backstop), "p-backstop");
+        assert_eq!(found[0].state, State::Fail);
+        assert!(found[0].message.contains("no ValidatingAdmissionPolicy p-backstop (policies.backstop), so nothing refuses a pod that opts out"), "{found:?}");
+
+        let both = backstop(annotated("abc"), annotated("abc"));
+        let found = required_namespaces(&names, label, &read, Some(&both), "p-backstop");
+        assert_eq!(found[0].state, State::Pass);
+        assert_eq!(
+            found[0].line(),
+            "✓ namespaces labelled sidecar-injector.io/inject=required: team-a, team-b: selected by MutatingAdmissionPolicyBinding p-required and ValidatingAdmissionPolicyBinding p-backstop-required"
+        );
+
+        let hidden = backstop(
+            annotated("abc"),
+            Got::Forbidden("get validatingadmissionpolicybindings".into()),
+        );
+        let found = required_namespaces(&names, label, &read, Some(&hidden), "p-backstop");
+        assert_eq!(found[0].state, State::Skip, "{found:?}");
     }
 }
