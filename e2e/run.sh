@@ -73,15 +73,15 @@ INJECTOR_BIN="$TARGET_DIR/debug/sidecar-injector"
 "$CARGO" test -p sidecar-injector-e2e --lib --quiet >/dev/null ||
   die "the suite's own unit tests failed: cargo test -p sidecar-injector-e2e --lib"
 # Before 1.34 no MutatingAdmissionPolicy exists (beta from 1.34, GA from 1.36): on the floor
-# (make test-e2e-floor) the one scenario of policy mode is left out, counted and named.
+# (make test-e2e-floor) the two scenarios of policy mode (p01, p04) are left out, counted and named.
 K8S_MINOR=$(sed -n 's/^v1\.\([0-9]*\)\..*/\1/p' <<<"${K8S_VERSION:-v1.35.8}")
 E2E_TEST_SKIP=""
-if [[ -n "$K8S_MINOR" ]] && ((K8S_MINOR < 34)); then E2E_TEST_SKIP="p01_policies_inject"; fi
+if [[ -n "$K8S_MINOR" ]] && ((K8S_MINOR < 34)); then E2E_TEST_SKIP="p01_policies_inject p04_policy_mode"; fi
 export E2E_TEST_SKIP
 TOTAL=$(e2e_count_scenarios "$CARGO") || die "cannot build the scenarios"
 ((TOTAL > 0)) || die "no scenario found"
 if [[ -n "$E2E_TEST_SKIP" ]]; then
-  log "Kubernetes ${K8S_VERSION}: p01 left out (policy mode needs a MutatingAdmissionPolicy, 1.34+)"
+  log "Kubernetes ${K8S_VERSION}: p01 and p04 left out (policy mode needs a MutatingAdmissionPolicy, 1.34+)"
 fi
 
 log "control plane: e2e/control-plane/build.sh"

@@ -587,3 +587,108 @@ async fn p03_a_stale_backstop_never_refuses_what_the_running_configuration_injec
     })
     .await
 }
+
+/// Required namespaces in policy mode (issue 63), with no webhook at all: the
+/// MutatingAdmissionPolicy's `-required` binding injects a pod of a namespace labelled
+/// `<injectLabel>: required` that says nothing; the backstop's `-required` binding refuses one
+/// that opts out, in the validator's words, unless its service account is exempt
+/// (`required.exempt`), whose pod is admitted untouched; in a namespace labelled `enabled` the
+/// opt-out is admitted untouched, as before. Both exported with `--namespace-required=true`.
+#[tokio::test]
+async fn p04_policy_mode_refuses_an_opt_out_in_a_required_namespace() -> anyhow::Result<()> {
+    scenario("p04-policy-required", &[Need::InjectorBin, Need::LocalControlPlane], |cx| async move {
+        let Some(version) = mutating_version(&cx.client).await? else {
+            anyhow::bail!("this API server serves no MutatingAdmissionPolicy (1.36+, or 1.34-1.35 with the MutatingAdmissionPolicy feature gate and runtime-config)");
+        };
+        let required = cx
+            .extra_namespace("required", &[(INJECT_LABEL, "required"), (ROAD_LABEL, "required"), (CHART_OFF, "true")])
+            .await?;
+        let enabled = cx
+            .extra_namespace("enabled", &[(INJECT_LABEL, "enabled"), (ROAD_LABEL, "required"), (CHART_OFF, "true")])
+            .await?;
+        let body = async {
+            // The policy configuration, with one exempt service account in the required namespace.
+            let exempt = format!("{required}/backup");
+            let dir = tempfile::tempdir()?;
+            let base = std::fs::read_to_string(policy_config())?;
+            let templates = policy_config().with_file_name("templates");
+            let text = base.replace("templatesDir: templates", &format!("templatesDir: {}", templates.display()));
+            ensure!(text != base, "e2e/policy/config.yaml no longer says templatesDir: templates");
+            let config = dir.path().join("config.yaml");
+            std::fs::write(&config, format!("{text}required:\n  exempt: [\"{exempt}\"]\n"))?;
+            let selection = ["--namespace-required=true"];
+            let mutating = export(&cx.env, "mutating", Some(&config), &[&selection[..], &["--api-version", version]].concat()).await?;
+            let backstop = export(&cx.env, "backstop", Some(&config), &selection).await?;
+            for (kind, docs) in [("mutating", &mutating), ("backstop", &backstop)] {
+                let names: Vec<&str> = docs.iter().filter_map(|d| d["metadata"]["name"].as_str()).collect();
+                ensure!(names.iter().any(|n| n.ends_with("-required")), "export {kind} --namespace-required wrote no -required binding: {names:?}");
+            }
+            let mutations = install(&cx.client, mutating, &["required"]).await?;
+            let backstop = match install(&cx.client, backstop, &["required"]).await {
+                Ok(b) => b,
+                Err(e) => {
+                    mutations.remove().await.ok();
+                    return Err(e);
+                }
+            };
+            let checked = async {
+                let pods = cx.pods_in(&required);
+                let injected = eventually("the -required binding to inject", WAIT, || async {
+                    Ok(dry_run(&pods, &app_pod("probe")).await.ok().filter(|p| status_annotation(p).is_some()))
+                })
+                .await?;
+                let names: Vec<&str> = containers(&injected).iter().chain(init_containers(&injected)).map(|c| c.name.as_str()).collect();
+                ensure!(names.contains(&"log-shipper"), "a pod without the label came back with containers {names:?}");
+                let opted_out = labelled(app_pod("opted-out"), INJECT_LABEL, "false");
+                let refused = eventually("the backstop's -required binding to refuse the opt-out", WAIT, || async {
+                    match dry_run(&pods, &opted_out).await {
+                        Ok(_) => Ok(None),
+                        Err(e) if refusal(&e).contains("ValidatingAdmissionPolicy") => Ok(Some(refusal(&e))),
+                        Err(e) => anyhow::bail!("refused by another than the backstop: {}", refusal(&e)),
+                    }
+                })
+                .await?;
+                for expected in [
+                    format!("its namespace \"{required}\" requires sidecars"),
+                    format!("exempt in \"{required}\": \"backup\""),
+                    "the pod runs as \"default\"".to_owned(),
+                    "required.exempt".to_owned(),
+                ] {
+                    ensure!(refused.contains(&expected), "the backstop's refusal does not say {expected:?}: {refused}");
+                }
+                // Stored, not only dry-run: the refusal is the API server's, whatever the road.
+                let stored_refusal = rejects(&pods, &opted_out).await?;
+                ensure!(stored_refusal.contains("requires sidecars"), "a stored opt-out was refused otherwise: {stored_refusal}");
+                let accounts: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> = kube::Api::namespaced(cx.client.clone(), &required);
+                accounts
+                    .create(&Default::default(), &serde_json::from_value(json!({"metadata": {"name": "backup"}}))?)
+                    .await?;
+                let mut exempt_pod = labelled(app_pod("backup"), INJECT_LABEL, "false");
+                if let Some(spec) = exempt_pod.spec.as_mut() {
+                    spec.service_account_name = Some("backup".into());
+                }
+                check_untouched(&accepts(&pods, &exempt_pod).await?).context("the exempt service account's pod")?;
+                let stored = accepts(&pods, &app_pod("plain")).await?;
+                ensure!(status_annotation(&stored).is_some(), "a pod without the label was stored uninjected");
+                // An enabled namespace is as it was: its opt-out is admitted untouched, and a pod
+                // that says nothing is injected by the -namespace binding.
+                let enabled_pods = cx.pods_in(&enabled);
+                check_untouched(&accepts(&enabled_pods, &opted_out).await?).context("an opt-out in an enabled namespace")?;
+                eventually("the -namespace binding to inject", WAIT, || async {
+                    Ok(dry_run(&enabled_pods, &app_pod("probe")).await.ok().filter(|p| status_annotation(p).is_some()).map(|_| ()))
+                })
+                .await?;
+                println!("p04: MutatingAdmissionPolicy {version}; an opt-out in a required namespace refused by the backstop: {refused}");
+                anyhow::Ok(())
+            }
+            .await;
+            let removed = mutations.remove().await.and(backstop.remove().await);
+            checked.and(removed)
+        }
+        .await;
+        cx.delete_namespace(&required).await.ok();
+        cx.delete_namespace(&enabled).await.ok();
+        body
+    })
+    .await
+}
