@@ -55,7 +55,7 @@ pub struct SelectionArgs {
     /// as the chart's `webhook.namespaceOptIn.required` does: the mutating policy injects them
     /// as in `enabled` namespaces, and the backstop also refuses those that opt out with
     /// `<injectLabel>: "false"` unless their service account is exempt (`required.exempt`).
-    #[arg(long, env = "SIDECAR_INJECTOR_NAMESPACE_REQUIRED", default_value_t = false, action = clap::ArgAction::Set, value_name = "BOOL")]
+    #[arg(long, env = "SIDECAR_INJECTOR_NAMESPACE_REQUIRED", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub namespace_required: bool,
     /// Leave namespaces labelled `<this>: "true"` alone, as the chart's `webhook.disabledLabel`.
     #[arg(

@@ -970,6 +970,7 @@ fn export_mutating_writes_one_policy_and_a_binding_per_opt_in_rule() {
             "MutatingAdmissionPolicy sidecar-injector",
             "MutatingAdmissionPolicyBinding sidecar-injector",
             "MutatingAdmissionPolicyBinding sidecar-injector-namespace",
+            "MutatingAdmissionPolicyBinding sidecar-injector-required",
         ]
     );
     for d in &docs {
@@ -1003,6 +1004,7 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
             "ValidatingAdmissionPolicy sidecar-injector-backstop",
             "ValidatingAdmissionPolicyBinding sidecar-injector-backstop",
             "ValidatingAdmissionPolicyBinding sidecar-injector-backstop-namespace",
+            "ValidatingAdmissionPolicyBinding sidecar-injector-backstop-required",
         ]
     );
     // The injector's own namespace is never matched, so its pods start while it is down.
@@ -1036,8 +1038,10 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
             digest.as_str()
         );
     }
-    let current = &docs[0]["spec"]["variables"][0];
-    assert_eq!(current["name"], "current");
+    let current = docs[0]["spec"]["variables"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "current"))
+        .expect("a variable named current");
     assert!(
         current["expression"]
             .as_str()
@@ -1046,13 +1050,24 @@ fn export_backstop_writes_a_validating_policy_for_the_bundled_templates() {
     );
 }
 
-/// With `--namespace-required`, both policies get a binding for namespaces labelled
-/// `required`: the backstop's selects the pods that opt out too (its first validation judges
-/// them: the chart's tests evaluate it against the validator), the mutating policy's leaves
-/// them out. Without it, the export is what it was (the snapshots above).
+/// By default (`--namespace-required`, as the chart's `webhook.namespaceOptIn.required`), both
+/// policies get a binding for namespaces labelled `required`: the backstop's selects the pods
+/// that opt out too (its first validation judges them: the chart's tests evaluate it against
+/// the validator), the mutating policy's leaves them out. With `--namespace-required=false`
+/// neither has it, and the backstop judges no opt-out.
 #[test]
-fn export_binds_required_namespaces_when_asked() {
-    let out = run(&["export", "backstop", "--namespace-required=true"]);
+fn export_binds_required_namespaces_unless_told_not_to() {
+    let off = run(&["export", "backstop", "--namespace-required=false"]);
+    assert!(off.status.success(), "{}", stderr(&off));
+    let text = stdout(&off);
+    assert!(
+        !text.contains("-required") && !text.contains("optedOut"),
+        "{text}"
+    );
+    let off = run(&["export", "mutating", "--namespace-required=false"]);
+    assert!(off.status.success(), "{}", stderr(&off));
+    assert!(!stdout(&off).contains("sidecar-injector-required"));
+    let out = run(&["export", "backstop"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let docs = yaml_documents(&stdout(&out));
     assert_eq!(
@@ -1077,8 +1092,7 @@ fn export_binds_required_namespaces_when_asked() {
         first["expression"],
         "!variables.optedOut || variables.exempt || variables.injected.size() == 0"
     );
-    insta::assert_snapshot!("export_backstop_required", stdout(&out));
-    let out = run(&["export", "mutating", "--namespace-required=true"]);
+    let out = run(&["export", "mutating"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let docs = yaml_documents(&stdout(&out));
     let required = docs

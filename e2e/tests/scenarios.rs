@@ -56,13 +56,43 @@ async fn s00_webhooks_are_registered_as_documented() -> anyhow::Result<()> {
                 json!(["CREATE", "UPDATE"]),
             ),
         ] {
-            // Two entries: the pod's own label, and namespaces labelled `inject: enabled`.
+            // Three entries: the pod's own label, namespaces labelled `inject: enabled`, and
+            // namespaces labelled `inject: required` (every pod, opted out or not).
             let hooks = cfg["webhooks"].as_array().context("no webhooks")?;
             let names: Vec<&str> = hooks.iter().filter_map(|h| h["name"].as_str()).collect();
             ensure!(
-                names == [webhook.to_owned(), format!("namespace.{webhook}")],
-                "{kind}: expected the pod and namespace entries, got {names:?}"
+                names
+                    == [
+                        webhook.to_owned(),
+                        format!("namespace.{webhook}"),
+                        format!("required.{webhook}")
+                    ],
+                "{kind}: expected the pod, namespace and required entries, got {names:?}"
             );
+            let required = &hooks[2];
+            ensure!(
+                required
+                    .get("objectSelector")
+                    .is_none_or(|o| o == &json!({})),
+                "{kind}: the required entry selects pods by label: {}",
+                required["objectSelector"]
+            );
+            ensure!(
+                required["namespaceSelector"]["matchExpressions"]
+                    .as_array()
+                    .is_some_and(|e| e.contains(
+                        &json!({"key": INJECT_LABEL, "operator": "In", "values": ["required"]})
+                    )),
+                "{kind}: the required entry's namespaceSelector is {}",
+                required["namespaceSelector"]
+            );
+            if cx.env.mode == Mode::Local {
+                let url = required["clientConfig"]["url"].as_str().unwrap_or("");
+                ensure!(
+                    url.ends_with(&format!("{path}/required")),
+                    "{kind}: required entry url {url}"
+                );
+            }
             let ns_entry = &hooks[1];
             ensure!(
                 ns_entry["objectSelector"]["matchExpressions"][0]
@@ -1119,6 +1149,25 @@ struct OwnServer {
     admin: u16,
 }
 
+/// The end of a scenario with a release and a server of its own (s15, s30): the release
+/// (name, namespace) uninstalled, the server stopped, the scenario's namespaces deleted, then
+/// the release's; the scenario's own outcome first, then the uninstall's.
+async fn end_with_own_release(
+    cx: &sidecar_injector_e2e::cluster::Ctx,
+    (release, release_ns): (&str, &str),
+    server: OwnServer,
+    namespaces: &[String],
+    outcome: anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    let uninstalled = helm_uninstall(cx, release, release_ns).await;
+    drop(server);
+    for ns in namespaces.iter().map(String::as_str).chain([release_ns]) {
+        let _ = cx.delete_namespace(ns).await;
+    }
+    outcome?;
+    uninstalled.map(|_| ())
+}
+
 impl Drop for OwnServer {
     fn drop(&mut self) {
         let _ = self.process.start_kill();
@@ -1269,7 +1318,8 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
                     names
                         == [
                             "canary.inject.sidecar-injector.io",
-                            "canary.namespace.inject.sidecar-injector.io"
+                            "canary.namespace.inject.sidecar-injector.io",
+                            "canary.required.inject.sidecar-injector.io"
                         ],
                     "canary webhooks are {names:?}"
                 );
@@ -1369,13 +1419,14 @@ async fn s15_two_revisions_side_by_side() -> anyhow::Result<()> {
                 Ok(())
             }
             .await;
-            let uninstalled = helm_uninstall(&cx, release, &release_ns).await;
-            drop(server);
-            for ns in [&stable_ns, &canary_ns, &release_ns] {
-                let _ = cx.delete_namespace(ns).await;
-            }
-            outcome?;
-            uninstalled.map(|_| ())
+            end_with_own_release(
+                &cx,
+                (release, &release_ns),
+                server,
+                &[stable_ns, canary_ns],
+                outcome,
+            )
+            .await
         },
     )
     .await
@@ -3162,13 +3213,14 @@ async fn s30_a_required_namespace_refuses_an_opt_out_unless_exempt() -> anyhow::
                 Ok(())
             }
             .await;
-            let uninstalled = helm_uninstall(&cx, release, &release_ns).await;
-            drop(server);
-            for ns in [&required_ns, &enabled_ns, &release_ns] {
-                let _ = cx.delete_namespace(ns).await;
-            }
-            outcome?;
-            uninstalled.map(|_| ())
+            end_with_own_release(
+                &cx,
+                (release, &release_ns),
+                server,
+                &[required_ns, enabled_ns],
+                outcome,
+            )
+            .await
         },
     )
     .await

@@ -60,9 +60,11 @@ def test_rbac_reads_by_name_and_creates_pods_only_where_the_dry_run_goes(helm):
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("list",), ()),
         (("admissionregistration.k8s.io",),
          ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"), ("get",), (RELEASE,)),
-        (("admissionregistration.k8s.io",),
-         ("validatingadmissionpolicies", "validatingadmissionpolicybindings"), ("get",),
+        (("admissionregistration.k8s.io",), ("validatingadmissionpolicies",), ("get",),
          ("sidecar-injector-backstop",)),
+        # Its binding, and the binding of required namespaces.
+        (("admissionregistration.k8s.io",), ("validatingadmissionpolicybindings",), ("get",),
+         ("sidecar-injector-backstop", "sidecar-injector-backstop-required")),
     ]
     role = r.one("Role", NAME)
     assert rules(role) == [
@@ -90,7 +92,8 @@ def test_a_revision_checks_its_own_objects(helm):
     assert f"--release={RELEASE}-canary" in container["args"]
     cluster = r.one("ClusterRole", f"{RELEASE}-canary-test-check")
     names = {n for rule in cluster["rules"] for n in rule.get("resourceNames", [])}
-    assert names == {f"{RELEASE}-canary", "sidecar-injector-canary-backstop"}
+    assert names == {f"{RELEASE}-canary", "sidecar-injector-canary-backstop",
+                     "sidecar-injector-canary-backstop-required"}
 
 
 def test_url_mode_reads_no_secret(helm):
@@ -112,15 +115,19 @@ def test_policy_mode_checks_the_mutating_policy_and_its_keeper(helm):
     assert f"--release={RELEASE}-canary" in container["args"]
     assert rules(r.one("ClusterRole", name)) == [
         (("",), ("namespaces",), ("list",), ()),
-        (("admissionregistration.k8s.io",), ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"),
-         ("get",), ("sidecar-injector-canary",)),
+        (("admissionregistration.k8s.io",), ("mutatingadmissionpolicies",), ("get",),
+         ("sidecar-injector-canary",)),
+        # Its binding, and the binding of required namespaces.
+        (("admissionregistration.k8s.io",), ("mutatingadmissionpolicybindings",), ("get",),
+         ("sidecar-injector-canary", "sidecar-injector-canary-required")),
         (("admissionregistration.k8s.io",), ("mutatingwebhookconfigurations",), ("list",), ()),
         (("admissionregistration.k8s.io",),
          ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"), ("get",),
          (f"{RELEASE}-canary",)),
-        (("admissionregistration.k8s.io",),
-         ("validatingadmissionpolicies", "validatingadmissionpolicybindings"), ("get",),
+        (("admissionregistration.k8s.io",), ("validatingadmissionpolicies",), ("get",),
          ("sidecar-injector-canary-backstop",)),
+        (("admissionregistration.k8s.io",), ("validatingadmissionpolicybindings",), ("get",),
+         ("sidecar-injector-canary-backstop", "sidecar-injector-canary-backstop-required")),
     ]
     # The keeper's Deployment (whether it is ready); no Service, no certificate to read.
     assert rules(r.one("Role", name)) == [

@@ -38,7 +38,7 @@ def rules_of(out, kind, name):
     # Any values: the server exports what it serves, so nothing differs for the chart.
     ("config.values.proxy.image=example/proxy:2", "revision=canary",
      "webhook.namespaceOptIn.enabled=false", "webhook.disabledLabel=example.com/off",
-     "webhook.namespaceOptIn.required=true"),
+     "webhook.namespaceOptIn.required=false"),
 ])
 def test_the_server_keeps_the_backstop_where_the_cluster_has_the_api(sets):
     out = render(*sets, api_versions=VAP)
@@ -51,7 +51,7 @@ def test_the_server_keeps_the_backstop_where_the_cluster_has_the_api(sets):
     assert env["SIDECAR_INJECTOR_BACKSTOP"] == "true"
     assert env["SIDECAR_INJECTOR_BACKSTOP_OWNER"] == out.one("MutatingWebhookConfiguration")["metadata"]["name"]
     assert env["SIDECAR_INJECTOR_NAMESPACE_OPT_IN"] == ("false" if sets else "true")
-    assert env["SIDECAR_INJECTOR_NAMESPACE_REQUIRED"] == ("true" if sets else "false")
+    assert env["SIDECAR_INJECTOR_NAMESPACE_REQUIRED"] == ("false" if sets else "true")
     assert env["SIDECAR_INJECTOR_DISABLED_LABEL"] == ("example.com/off" if sets else "sidecar-injector.io/disabled")
     assert env["SIDECAR_INJECTOR_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert deployment["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
@@ -91,7 +91,7 @@ def test_without_a_server_in_the_cluster_the_shipped_export_is_rendered():
     out = render(*url, api_versions=VAP)
     policy = out.one("ValidatingAdmissionPolicy")
     bindings = out.all("ValidatingAdmissionPolicyBinding")
-    assert [b["spec"]["policyName"] for b in bindings] == [policy["metadata"]["name"]] * 2
+    assert [b["spec"]["policyName"] for b in bindings] == [policy["metadata"]["name"]] * 3
     # The release namespace replaces the shipped export's placeholder: the injector's own pods
     # are never refused, so it can start while it is down.
     for doc in [policy, *bindings]:

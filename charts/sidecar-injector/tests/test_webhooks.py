@@ -123,7 +123,7 @@ def selects(selector, labels):
 
 
 def test_two_entries_with_their_own_paths(helm):
-    r = render(helm=helm)
+    r = render("webhook.namespaceOptIn.required=false", helm=helm)
     for kind, base, path in ((KINDS[0], "inject", "/mutate"), (KINDS[1], "validate", "/validate")):
         hooks = r.webhooks(kind)
         assert [w["name"] for w in hooks] == [f"{base}.sidecar-injector.io",
@@ -132,7 +132,8 @@ def test_two_entries_with_their_own_paths(helm):
         pod, ns = hooks
         for field in ("rules", "failurePolicy", "matchConditions", "timeoutSeconds", "sideEffects"):
             assert pod.get(field) == ns.get(field), field
-    r = render("webhook.namespaceOptIn.enabled=false", helm=helm)
+    r = render("webhook.namespaceOptIn.enabled=false", "webhook.namespaceOptIn.required=false",
+               helm=helm)
     for kind in KINDS:
         (only,) = r.webhooks(kind)
         assert {"key": "sidecar-injector.io/inject", "operator": "NotIn",
@@ -171,7 +172,8 @@ def expected_entry(revision, ns, pod, required):
 
 @pytest.mark.parametrize("required", [False, True])
 def test_entries_never_overlap_and_revisions_never_share_a_pod(helm, required):
-    sets = ("webhook.namespaceOptIn.required=true",) if required else ()
+    sets = ("webhook.namespaceOptIn.required=true",) if required else \
+        ("webhook.namespaceOptIn.required=false",)
     installations = {rev: render(*sets, f"revision={rev}", helm=helm) if rev
                      else render(*sets, helm=helm)
                      for rev in ("", "canary", "v2")}
@@ -193,7 +195,7 @@ def test_entries_never_overlap_and_revisions_never_share_a_pod(helm, required):
 
 
 def test_the_required_entry(helm):
-    r = render("webhook.namespaceOptIn.required=true", helm=helm)
+    r = r3 = render("webhook.namespaceOptIn.required=true", helm=helm)
     for kind, base, path in ((KINDS[0], "inject", "/mutate"), (KINDS[1], "validate", "/validate")):
         hooks = r.webhooks(kind)
         assert [w["name"] for w in hooks] == [f"{base}.sidecar-injector.io",
@@ -217,8 +219,11 @@ def test_the_required_entry(helm):
     assert required["clientConfig"]["service"]["path"] == "/validate/required"
     assert {"key": "sidecar-injector.io/inject", "operator": "NotIn",
             "values": ["required"]} in pod["namespaceSelector"]["matchExpressions"]
-    # Off by default (the server that keeps the backstop is told: test_policies.py).
-    assert len(render(helm=helm).webhooks(KINDS[0])) == 2
+    # On by default (the server that keeps the backstop is told: test_policies.py), and off
+    # when asked.
+    assert [w["name"] for w in render(helm=helm).webhooks(KINDS[0])] == \
+        [w["name"] for w in r3.webhooks(KINDS[0])]
+    assert len(render("webhook.namespaceOptIn.required=false", helm=helm).webhooks(KINDS[0])) == 2
 
 
 def test_required_exemptions_reach_the_configuration(helm):
