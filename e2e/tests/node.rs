@@ -1008,11 +1008,25 @@ async fn release_ctl(
 /// Certificates as by default (`selfManaged`): the server issues its own and sets the
 /// caBundle, and `helm upgrade` leaves that caBundle alone.
 fn b2_values(image: &str, sidecar: &str) -> String {
+    release_values("e2e-b2", "b2", 1, image, sidecar, "")
+}
+
+/// The values of a release of a scenario's own: its name and revision, `replicas` of the
+/// suite's image, JSON logs, no PodDisruptionBudget, and one template of its own, `agent` (a
+/// busybox sidecar named `sidecar`), as the only default; `extra` is YAML added at the top level.
+fn release_values(
+    fullname: &str,
+    revision: &str,
+    replicas: u32,
+    image: &str,
+    sidecar: &str,
+    extra: &str,
+) -> String {
     let (repository, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
     format!(
-        r#"fullnameOverride: e2e-b2
-revision: b2
-replicaCount: 1
+        r#"fullnameOverride: {fullname}
+revision: {revision}
+replicaCount: {replicas}
 image:
   repository: {repository}
   tag: {tag}
@@ -1028,7 +1042,7 @@ extraTemplates:
       - name: {sidecar}
         image: {BUSYBOX}
         command: [sleep, "3600"]
-"#
+{extra}"#
     )
 }
 
@@ -1932,8 +1946,9 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
     .await
 }
 
-/// n11's `check` in policy mode: `helm test` passes, naming the MutatingAdmissionPolicy and the
-/// keeper (and skipping the webhooks, which policy mode has none of); with the keeper stopped
+/// n11's `check` in policy mode: in a namespace labelled `required` the keeper's backstop
+/// binding refuses an opt-out; `helm test` passes, naming the MutatingAdmissionPolicy, both
+/// `-required` bindings and the keeper (and skipping the webhooks, which policy mode has none of); with the keeper stopped
 /// and the policy's digest made stale, `check` fails on it and warns of the keeper; once the
 /// keeper is back it re-applies the policy and `check` passes again.
 async fn check_policy_mode(
@@ -1950,11 +1965,42 @@ async fn check_policy_mode(
         .name
         .clone()
         .context("the keeper's Deployment has no name")?;
+    use sidecar_injector_e2e::cluster::{dry_run, refusal};
+    use sidecar_injector_e2e::pods::{REVISION_LABEL, app_pod, labelled};
     let pods = cx.pods_in(release_ns);
     let test_pod = format!("{name}-test-check");
-    let tested = cx
-        .helm(&["test", P2_RELEASE, "-n", release_ns, "--timeout", "120s"])
-        .await;
+    // A namespace that requires sidecars, for this revision: the keeper's -required bindings
+    // (the chart's default webhook.namespaceOptIn.required) refuse an opt-out there, and
+    // `check` finds both bindings.
+    let required = cx
+        .extra_namespace(
+            "required",
+            &[(INJECT_LABEL, "required"), (REVISION_LABEL, "p2")],
+        )
+        .await?;
+    let tested = async {
+        let opted_out = labelled(app_pod("opted-out"), INJECT_LABEL, "false");
+        let refused = eventually(
+            "the keeper's -required backstop binding to refuse an opt-out",
+            WAIT_LONG,
+            || async {
+                match dry_run(&cx.pods_in(&required), &opted_out).await {
+                    Ok(_) => Ok(None),
+                    Err(e) if refusal(&e).contains("requires sidecars") => Ok(Some(refusal(&e))),
+                    Err(e) => anyhow::bail!("refused otherwise: {}", refusal(&e)),
+                }
+            },
+        )
+        .await?;
+        ensure!(
+            refused.contains(&format!("binding '{POLICY}-backstop-required'")),
+            "the opt-out was refused by another binding: {refused}"
+        );
+        cx.helm(&["test", P2_RELEASE, "-n", release_ns, "--timeout", "120s"])
+            .await
+    }
+    .await;
+    cx.delete_namespace(&required).await.ok();
     let log = pods
         .logs(&test_pod, &LogParams::default())
         .await
@@ -1962,6 +2008,9 @@ async fn check_policy_mode(
     pods.delete(&test_pod, &DeleteParams::default()).await.ok();
     tested.with_context(|| format!("helm test in policy mode; its pod wrote:\n{log}"))?;
     for line in [
+        format!(
+            "✓ namespaces labelled {INJECT_LABEL}=required: {required}: selected by MutatingAdmissionPolicyBinding {POLICY}-required and ValidatingAdmissionPolicyBinding {POLICY}-backstop-required"
+        ),
         format!(
             "✓ MutatingAdmissionPolicy {POLICY} ({version}): the export of the running configuration"
         ),
@@ -2291,19 +2340,8 @@ const C3_RECHECK: u64 = 2;
 /// the lifetimes above, two replicas, the mutating failurePolicy Fail (the validating one is
 /// Fail by default), revision c3 and its own template `agent`, the only default.
 fn c3_values(image: &str) -> String {
-    let (repository, tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
-    format!(
-        r#"fullnameOverride: {C3}
-revision: {C3_REVISION}
-replicaCount: 2
-image:
-  repository: {repository}
-  tag: {tag}
-  pullPolicy: Never
-logFormat: json
-podDisruptionBudget:
-  enabled: false
-server:
+    let extra = format!(
+        r#"server:
   recheckInterval: {C3_RECHECK}s
 webhook:
   mutating:
@@ -2313,16 +2351,9 @@ certificates:
     caLifetime: {C3_CA_LIFETIME}s
     servingLifetime: {C3_SERVING_LIFETIME}s
     reloadGrace: {C3_GRACE}s
-config:
-  defaultTemplates: [agent]
-extraTemplates:
-  agent: |
-    containers:
-      - name: agent
-        image: {BUSYBOX}
-        command: [sleep, "3600"]
 "#
-    )
+    );
+    release_values(C3, C3_REVISION, 2, image, "agent", &extra)
 }
 
 /// The sum over the release's ready replicas of `sidecar_injector_certificate_steps_total`
