@@ -235,6 +235,15 @@ pub struct Injector {
 }
 
 impl Injector {
+    /// The default configuration with `required.exempt` set to the YAML list items `exempt`
+    /// (for the tests of required namespaces).
+    #[cfg(test)]
+    pub(crate) fn exempting(exempt: &str) -> Self {
+        let config = format!("{DEFAULT_CONFIG}required:\n  exempt: [{exempt}]\n");
+        Self::from_sources("required.yaml", &config, bundled_templates(), None)
+            .expect("the default configuration with required.exempt loads")
+    }
+
     /// Builds an injector from configuration text and template sources. `origin` names the
     /// configuration in error messages. Every template is compiled and test-rendered here, so a
     /// broken template fails now, with its file and line, and never at request time.

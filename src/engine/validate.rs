@@ -452,17 +452,7 @@ mod tests {
     /// pod, or one sent by another entry, is not refused.
     #[test]
     fn an_opt_out_in_a_required_namespace_is_refused_with_who_may() {
-        let config = format!(
-            "{}required:\n  exempt: [ci/runner, \"*/backup\", shop/backup]\n",
-            crate::engine::config::DEFAULT_CONFIG
-        );
-        let inj = Injector::from_sources(
-            "required.yaml",
-            &config,
-            crate::engine::config::bundled_templates(),
-            None,
-        )
-        .expect("loads");
+        let inj = Injector::exempting("ci/runner, \"*/backup\", shop/backup");
         let json = br#"{"metadata":{"name":"web","labels":{"sidecar-injector.io/inject":"false"}},"spec":{"serviceAccountName":"app","containers":[{"name":"app"}]}}"#;
         let pod = PodView::parse(json).expect("view");
         let refusal = |ns: &str, entry: Entry| {

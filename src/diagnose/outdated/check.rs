@@ -488,17 +488,7 @@ mod tests {
     /// exempt, and an exempt one is none of the injector's business.
     #[test]
     fn a_required_namespace_names_the_pods_that_run_without_their_sidecars() {
-        let config = format!(
-            "{}required:\n  exempt: [shop/backup]\n",
-            crate::engine::config::DEFAULT_CONFIG
-        );
-        let inj = Injector::from_sources(
-            "required.yaml",
-            &config,
-            crate::engine::config::bundled_templates(),
-            None,
-        )
-        .expect("loads");
+        let inj = Injector::exempting("shop/backup");
         let ns = BTreeMap::from([(
             "sidecar-injector.io/inject".to_owned(),
             "required".to_owned(),

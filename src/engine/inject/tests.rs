@@ -348,17 +348,7 @@ fn known_namespace_labels_pick_the_entry() {
 
 /// An injector whose configuration exempts `ci/runner` and `backup` in every namespace.
 fn with_exemptions() -> Injector {
-    let config = format!(
-        "{}required:\n  exempt: [ci/runner, \"*/backup\"]\n",
-        crate::engine::config::DEFAULT_CONFIG
-    );
-    Injector::from_sources(
-        "required.yaml",
-        &config,
-        crate::engine::config::bundled_templates(),
-        Some("sidecar-injector".into()),
-    )
-    .expect("loads")
+    Injector::exempting("ci/runner, \"*/backup\"")
 }
 
 /// Sent by the required entry, a pod is injected as by the namespace entry unless it says
