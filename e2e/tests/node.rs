@@ -1948,7 +1948,8 @@ async fn n11_policy_mode_follows_the_release_configuration() -> anyhow::Result<(
 
 /// n11's `check` in policy mode: in a namespace labelled `required` the keeper's backstop
 /// binding refuses an opt-out; `helm test` passes, naming the MutatingAdmissionPolicy, both
-/// `-required` bindings and the keeper (and skipping the webhooks, which policy mode has none of); with the keeper stopped
+/// `-required` bindings and the keeper (and skipping the webhooks, which policy mode has none
+/// of); with the keeper stopped
 /// and the policy's digest made stale, `check` fails on it and warns of the keeper; once the
 /// keeper is back it re-applies the policy and `check` passes again.
 async fn check_policy_mode(

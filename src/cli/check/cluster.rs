@@ -6,9 +6,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
@@ -127,23 +124,16 @@ pub async fn endpoint_slices(
 /// The backstop objects' annotations, by name: the policy, its binding, and the binding of
 /// required namespaces (`<name>-required`).
 pub async fn backstop(client: &Client, name: &str) -> [Got<BTreeMap<String, String>>; 3] {
-    let annotations = |m: kube::core::ObjectMeta| m.annotations.unwrap_or_default();
-    let policy = match get_cluster::<ValidatingAdmissionPolicy>(client, name).await {
-        Got::Found(p) => Got::Found(annotations(p.metadata)),
-        other => other.absent(),
-    };
-    let mut bindings = Vec::new();
-    for name in [name.to_owned(), format!("{name}-required")] {
-        bindings.push(
-            match get_cluster::<ValidatingAdmissionPolicyBinding>(client, &name).await {
-                Got::Found(b) => Got::Found(annotations(b.metadata)),
-                other => other.absent(),
-            },
-        );
-    }
-    let required = bindings.pop().unwrap_or(Got::Missing);
-    let binding = bindings.pop().unwrap_or(Got::Missing);
-    [policy, binding, required]
+    let get = |kind, name: String| async move { admission_object(client, "v1", kind, &name).await };
+    [
+        get("ValidatingAdmissionPolicy", name.to_owned()).await,
+        get("ValidatingAdmissionPolicyBinding", name.to_owned()).await,
+        get(
+            "ValidatingAdmissionPolicyBinding",
+            format!("{name}-required"),
+        )
+        .await,
+    ]
 }
 
 /// The annotations of the cluster-scoped `kind` `name` in `admissionregistration.k8s.io/<version>`.

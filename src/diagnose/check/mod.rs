@@ -395,7 +395,7 @@ fn configurations(o: &Observed, entries: &Entries) -> Vec<Finding> {
     if let (Got::Found(inj), Some(read)) = (&o.config, &o.policy_mode) {
         out.extend(policy_mode::judge(inst, &inj.digest, read));
         let backstop = format!("{}-backstop", crate::export::base_name(inj));
-        out.extend(required_namespaces(o, |names| {
+        out.extend(required_namespaces(o, "mutatingPolicy", |names| {
             policy_mode::required_namespaces(
                 names,
                 expect.inject_label,
@@ -407,7 +407,7 @@ fn configurations(o: &Observed, entries: &Entries) -> Vec<Finding> {
     }
     if let (Some(m), Some(v)) = (entries.mutating.found(), entries.validating.found()) {
         out.extend(webhooks::pairing(&inst.release, m, v, &expect));
-        out.extend(required_namespaces(o, |names| {
+        out.extend(required_namespaces(o, "webhooks", |names| {
             webhooks::required_namespaces(&inst.release, names, m, v, &expect)
         }));
     }
@@ -415,15 +415,16 @@ fn configurations(o: &Observed, entries: &Entries) -> Vec<Finding> {
 }
 
 /// What `judge` finds of the namespaces labelled `<injectLabel>: required`, when they could be
-/// listed.
+/// listed; else, without the right to list them, a skip under `check`.
 fn required_namespaces(
     o: &Observed,
+    check: &'static str,
     judge: impl FnOnce(&[String]) -> Vec<Finding>,
 ) -> Vec<Finding> {
     match &o.required_namespaces {
         Got::Found(names) => judge(names),
         Got::Forbidden(right) => vec![Finding::skip(
-            "webhooks",
+            check,
             "namespaces labelled required",
             format!("you lack the right to {right}"),
         )],
